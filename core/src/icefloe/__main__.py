@@ -1,0 +1,5 @@
+"""``python -m icefloe`` runs the ``icefloe`` command."""
+
+from icefloe.cli import main
+
+main()

@@ -1,0 +1,176 @@
+"""``icefloe plugins``, ``icefloe config``, ``icefloe contract-test``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+import tomli_w
+
+from icefloe import config as configuration
+from icefloe.errors import ConfigError, IcefloeError
+from icefloe.plugins import BackendRegistry
+from icefloe.ports.base import PortKind
+
+_KIND_CHOICES = click.Choice([kind.value for kind in PortKind])
+
+
+def _load(ctx: click.Context) -> configuration.Config:
+    return configuration.load_config(ctx.obj.get("config_path"))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(as_json: bool) -> None:
+    """List installed backends per port, with distribution, version and capabilities."""
+    rows = []
+    for backend in BackendRegistry().installed():
+        try:
+            capabilities = sorted(backend.load().capabilities)
+            status = "ok"
+        except IcefloeError as exc:
+            capabilities, status = [], f"broken: {exc}"
+        rows.append(
+            {
+                "port": backend.kind.value,
+                "backend": backend.name,
+                "distribution": backend.distribution,
+                "version": backend.version,
+                "capabilities": capabilities,
+                "description": backend.spec.description,
+                "status": status,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    headers = ["PORT", "BACKEND", "DISTRIBUTION", "VERSION", "CAPABILITIES", "DESCRIPTION"]
+    table = [
+        [
+            r["port"],
+            r["backend"],
+            r["distribution"],
+            r["version"],
+            ",".join(r["capabilities"]) or "-",
+            r["description"] if r["status"] == "ok" else r["status"],
+        ]
+        for r in rows
+    ]
+    widths = [max(len(str(cell)) for cell in col) for col in zip(headers, *table, strict=False)]
+    for line in [headers, *table]:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+@click.group("config")
+def config_group() -> None:
+    """Inspect the effective configuration."""
+
+
+@config_group.command("show")
+@click.pass_context
+def config_show(ctx: click.Context) -> None:
+    """Print the effective configuration (file + environment + defaults), secrets masked."""
+    config = _load(ctx)
+    click.echo(tomli_w.dumps(_without_none(configuration.masked(config))), nl=False)
+
+
+@config_group.command("check")
+@click.pass_context
+def config_check(ctx: click.Context) -> None:
+    """Validate every selected backend and its options; exit 2 on the first problem."""
+    config = _load(ctx)
+    registry = BackendRegistry()
+    problems = []
+    for kind in PortKind:
+        try:
+            chosen = configuration.resolve(config, kind, registry)
+            names = ", ".join(b.name for b in chosen) or "(none)"
+            click.echo(f"{kind.value}: {names}")
+        except IcefloeError as exc:
+            problems.append(str(exc))
+            click.echo(f"{kind.value}: error: {exc}", err=True)
+    if problems:
+        sys.exit(2)
+
+
+@click.command("contract-test")
+@click.argument("kind", type=_KIND_CHOICES)
+@click.argument("name")
+@click.option(
+    "--option",
+    "-o",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Backend option (TOML value or string); '{unique}' and '{workdir}' are substituted "
+    "per test instance. Repeatable.",
+)
+@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
+def contract_test(
+    kind: str, name: str, options: tuple[str, ...], pytest_args: tuple[str, ...]
+) -> int:
+    """Run the contract suite of port KIND against the installed backend NAME.
+
+    Extra arguments after `--` go to pytest, e.g. `icefloe contract-test metadata mine -- -x -q`.
+    Needs `pip install 'icefloe[testing]'`.
+    """
+    try:
+        import pytest
+    except ImportError:
+        raise ConfigError(
+            "the contract suites need pytest: pip install 'icefloe[testing]'"
+        ) from None
+    from icefloe.testing import CONTRACTS
+
+    port = PortKind(kind)
+    BackendRegistry().get(port, name)  # fail early, with the pip install hint, if missing
+    if port not in CONTRACTS:
+        raise ConfigError(f"no contract suite exists yet for the {kind} port")
+    parsed = dict(_parse_option(o) for o in options)
+    with tempfile.TemporaryDirectory(prefix="icefloe-contract-") as tmp:
+        test_file = Path(tmp) / f"test_contract_{port.value}_{name}.py"
+        test_file.write_text(_opt_in_module(CONTRACTS[port], name, parsed))
+        return int(pytest.main([str(test_file), "-p", "no:cacheprovider", *pytest_args]))
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--option {text!r}: expected KEY=VALUE")
+    return key.strip(), configuration.parse_value(raw)
+
+
+def _opt_in_module(contract: str, name: str, options: dict[str, Any]) -> str:
+    """Source of a test module opting ``name`` into ``contract`` (as a plugin author would)."""
+    module, _, cls = contract.partition(":")
+    return f'''"""Generated by `icefloe contract-test`."""
+import json
+
+from {module} import {cls}
+
+_OPTIONS = json.loads({json.dumps(json.dumps(options))})
+
+
+def _substitute(value, workdir, unique):
+    if isinstance(value, str):
+        return value.replace("{{unique}}", unique).replace("{{workdir}}", str(workdir))
+    return value
+
+
+class TestContract({cls}):
+    backend_name = {name!r}
+
+    def backend_options(self, workdir, unique):
+        return {{k: _substitute(v, workdir, unique) for k, v in _OPTIONS.items()}}
+'''
+
+
+def _without_none(value: Any) -> Any:
+    """TOML has no null: drop unset keys from the printed configuration."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value

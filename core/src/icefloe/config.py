@@ -1,0 +1,342 @@
+"""Configuration: one TOML file, environment overrides, validation with one-line errors.
+
+Sources, later ones winning: built-in defaults, the TOML file, then environment variables
+``ICEFLOE_<SECTION>__<KEY>`` (``__`` nests: ``ICEFLOE_METADATA__ETCD__ENDPOINTS``). Values from
+the environment are read as TOML values when they parse as one (``5``, ``true``,
+``["a", "b"]``), otherwise as strings. ``ICEFLOE_CONFIG`` names the file.
+
+A port's section selects its backend and holds one sub-table of options per backend, so that
+switching backend is one line and several backends' settings can live side by side::
+
+    [metadata]
+    backend = "etcd"
+
+    [metadata.etcd]
+    endpoints = ["http://127.0.0.1:2379"]
+
+Table formats are different: several are active at once (``[tables] formats = ["iceberg"]``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from icefloe.errors import ConfigError
+from icefloe.plugins import BackendRegistry
+from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
+
+ENV_PREFIX: Final = "ICEFLOE_"
+CONFIG_PATH_ENV: Final = "ICEFLOE_CONFIG"
+
+_SINGLE_BACKEND_PORTS: Final = (
+    PortKind.METADATA,
+    PortKind.OBJECT_STORE,
+    PortKind.WAL,
+    PortKind.COMPACTION,
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class BackendSection(_Section):
+    """A port's section: the selected backend plus per-backend option tables (extra keys)."""
+
+    backend: str
+
+    def options_for(self, name: str) -> dict[str, Any]:
+        extra = self.model_extra or {}
+        options = extra.get(name, {})
+        return dict(options)
+
+
+class OptionalBackendSection(BackendSection):
+    """A port that may be switched off (``backend`` unset)."""
+
+    backend: str | None = None  # type: ignore[assignment]
+
+
+class TablesSection(_Section):
+    formats: list[str] = Field(default_factory=list)
+    namespace: str = "icefloe"
+
+    def options_for(self, name: str) -> dict[str, Any]:
+        extra = self.model_extra or {}
+        return dict(extra.get(name, {}))
+
+
+class Config(BaseModel):
+    """The whole configuration, before backend options are validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_dir: Path = Path("icefloe-data")
+    metadata: BackendSection = BackendSection(backend="sqlite")
+    object_store: BackendSection = BackendSection(backend="local")
+    wal: BackendSection = BackendSection(backend="object")
+    tables: TablesSection = TablesSection()
+    compaction: OptionalBackendSection = OptionalBackendSection()
+
+    def section(self, kind: PortKind) -> BackendSection | TablesSection:
+        section: BackendSection | TablesSection = getattr(self, kind.value)
+        return section
+
+
+@dataclass(frozen=True)
+class ResolvedBackend:
+    """A selected backend with its class and validated options."""
+
+    kind: PortKind
+    name: str
+    cls: type[Port]
+    options: BackendOptions
+
+    async def open(self, context: OpenContext) -> Port:
+        return await self.cls.open(self.options, context)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Read, merge and validate the configuration (backend options are checked by ``resolve``).
+
+    Args:
+        path: TOML file; defaults to ``$ICEFLOE_CONFIG``; no file means defaults only.
+        env: Environment to read overrides from (default ``os.environ``).
+        overrides: Highest-priority values, e.g. from command-line flags, as a nested dict.
+
+    Raises:
+        ConfigError: with a one-line message naming the key and the fix.
+    """
+    env = os.environ if env is None else env
+    path = path or env.get(CONFIG_PATH_ENV)
+    data: dict[str, Any] = _read_toml(Path(path)) if path else {}
+    _merge(data, env_overrides(env))
+    _merge(data, dict(overrides or {}))
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, data)) from None
+    _check_section_shapes(config)
+    return config
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """The nested dict of values given by ``ICEFLOE_<SECTION>__<KEY>`` variables."""
+    result: dict[str, Any] = {}
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_PATH_ENV:
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if not all(path):
+            raise ConfigError(f"environment variable {name}: empty key segment")
+        node = result
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {name} conflicts with another variable")
+        node[path[-1]] = parse_value(raw)
+    return result
+
+
+def parse_value(raw: str) -> Any:
+    """A TOML value if ``raw`` is one (``5``, ``true``, ``["a"]``), else ``raw`` itself."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {path} does not exist (set --config or ICEFLOE_CONFIG)"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
+    """One line for the first validation error: the key, what is wrong, where to set it."""
+    error = exc.errors()[0]
+    loc = [str(part) for part in error["loc"]]
+    key = ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        if len(loc) == 1:
+            return f"unknown config section or key {key!r}{_did_you_mean(key, Config.model_fields)}"
+        return f"unknown config key {key!r}"
+    hint = _where(loc)
+    value = _lookup(data, loc)
+    shown = f" (got {value!r})" if value is not None else ""
+    return f"config key {key}: {error['msg'].lower()}{shown}; set it in {hint}"
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    choices = list(choices)
+    close = difflib.get_close_matches(word, choices, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"; {hint}valid: {', '.join(choices)}"
+
+
+def _where(loc: list[str]) -> str:
+    table = ".".join(loc[:-1])
+    file_part = f"[{table}] {loc[-1]}" if table else loc[-1]
+    env_part = ENV_PREFIX + "__".join(part.upper() for part in loc)
+    return f"the config file as {file_part} = … or {env_part}"
+
+
+def _lookup(data: Mapping[str, Any], loc: list[str]) -> Any:
+    node: Any = data
+    for part in loc:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _check_section_shapes(config: Config) -> None:
+    """Every extra key of a port section must be a table of backend options."""
+    for kind in PortKind:
+        section = config.section(kind)
+        for name, value in (section.model_extra or {}).items():
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"config key {kind.value}.{name}: expected a table of {name!r} backend "
+                    f"options ([{kind.value}.{name}]), got {value!r}"
+                )
+
+
+def resolve(
+    config: Config, kind: PortKind, registry: BackendRegistry | None = None
+) -> list[ResolvedBackend]:
+    """Validate the backend(s) selected for ``kind`` and their options.
+
+    Returns one backend for single-backend ports, one per enabled format for tables.
+
+    Raises:
+        ConfigError: unknown backend name (lists the valid ones) or invalid option.
+        BackendNotInstalledError: a known backend whose plugin is missing (gives the
+            ``pip install``).
+    """
+    registry = registry or BackendRegistry()
+    section = config.section(kind)
+    valid = registry.names(kind)
+    for name in section.model_extra or {}:
+        if name not in valid:
+            raise ConfigError(
+                f"config section [{kind.value}.{name}] names no {kind.value} backend; "
+                f"valid choices: {', '.join(valid)}"
+            )
+    if isinstance(section, TablesSection):
+        names = section.formats
+    else:
+        names = [section.backend] if section.backend else []
+    resolved = []
+    for name in names:
+        if name not in valid:
+            setting = "formats" if isinstance(section, TablesSection) else "backend"
+            raise ConfigError(
+                f"[{kind.value}] {setting}: {name!r} is not a {kind.value} backend; "
+                f"valid choices: {', '.join(valid)} (set in the config file or "
+                f"{ENV_PREFIX}{kind.value.upper()}__{setting.upper()})"
+            )
+        cls = registry.get(kind, name).load()
+        resolved.append(
+            ResolvedBackend(kind, name, cls, _validate_options(kind, name, cls, section))
+        )
+    return resolved
+
+
+def resolve_one(
+    config: Config, kind: PortKind, registry: BackendRegistry | None = None
+) -> ResolvedBackend:
+    """The single backend of a single-backend port.
+
+    Raises:
+        ConfigError: also when the port is switched off (no backend selected).
+    """
+    if kind not in _SINGLE_BACKEND_PORTS:
+        raise ValueError(f"{kind} may have several backends; use resolve()")
+    chosen = resolve(config, kind, registry)
+    if not chosen:
+        raise ConfigError(
+            f"no {kind.value} backend is selected: set [{kind.value}] backend or "
+            f"{ENV_PREFIX}{kind.value.upper()}__BACKEND"
+        )
+    return chosen[0]
+
+
+def _validate_options(
+    kind: PortKind, name: str, cls: type[Port], section: BackendSection | TablesSection
+) -> BackendOptions:
+    raw = section.options_for(name)
+    try:
+        return cls.options_model.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [kind.value, name, *(str(p) for p in error["loc"])]
+        key = ".".join(loc)
+        if error["type"] == "extra_forbidden":
+            raise ConfigError(
+                f"unknown option {key!r} for the {kind.value} backend {name!r}"
+                + _did_you_mean(str(error["loc"][0]), cls.options_model.model_fields)
+            ) from None
+        value = _lookup({kind.value: {name: raw}}, loc)
+        shown = f" (got {value!r})" if value is not None else ""
+        raise ConfigError(
+            f"config key {key}: {error['msg'].lower()}{shown}; set it in {_where(loc)}"
+        ) from None
+
+
+def masked(config: Config, registry: BackendRegistry | None = None) -> dict[str, Any]:
+    """The effective configuration as plain data, with secrets masked, for ``config show``.
+
+    Options of installed selected backends are shown with their defaults filled in.
+    """
+    data = config.model_dump(mode="json")
+    registry = registry or BackendRegistry()
+    for kind in PortKind:
+        try:
+            backends = resolve(config, kind, registry)
+        except Exception:
+            continue
+        for backend in backends:
+            # SecretStr fields serialise as asterisks in JSON mode.
+            data[kind.value][backend.name] = backend.options.model_dump(mode="json")
+    masked_data: dict[str, Any] = _mask_secret_like(data)
+    return masked_data
+
+
+_SECRET_WORDS: Final = ("password", "secret", "token", "credential", "access_key", "key_id", "sas")
+
+
+def _mask_secret_like(value: Any, key: str = "") -> Any:
+    """Mask values under secret-sounding keys too, for options read before validation."""
+    if isinstance(value, dict):
+        return {k: _mask_secret_like(v, k) for k, v in value.items()}
+    if value not in (None, "") and any(word in key.lower() for word in _SECRET_WORDS):
+        return "********"
+    return value

@@ -1,0 +1,1 @@
+"""Embedded backends: everything a single machine needs, with no server and no extra package."""

@@ -1,0 +1,31 @@
+"""Registers the embedded backends through the same hook third-party plugins use."""
+
+from __future__ import annotations
+
+from icefloe.plugins import hookimpl
+from icefloe.plugins.spec import BackendSpec
+from icefloe.ports.base import PortKind
+
+
+@hookimpl
+def icefloe_register_backends() -> list[BackendSpec]:
+    return [
+        BackendSpec(
+            PortKind.METADATA,
+            "sqlite",
+            "icefloe.embedded.sqlite_metadata:SqliteMetadataStore",
+            "SQLite database file; shared by processes on one machine",
+        ),
+        BackendSpec(
+            PortKind.OBJECT_STORE,
+            "local",
+            "icefloe.embedded.local_object_store:LocalObjectStore",
+            "Local filesystem folder with atomic writes",
+        ),
+        BackendSpec(
+            PortKind.WAL,
+            "object",
+            "icefloe.embedded.object_wal:ObjectWAL",
+            "WAL objects in the configured object store (cost-optimised)",
+        ),
+    ]

@@ -1,0 +1,94 @@
+"""What all ports share: their kind, capabilities, options and lifecycle."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict
+
+from icefloe.errors import CapabilityError
+
+if TYPE_CHECKING:
+    from icefloe.ports.object_store import ObjectStore
+
+
+class PortKind(enum.StrEnum):
+    """The five ports; the value is the configuration section that selects the backend."""
+
+    METADATA = "metadata"
+    OBJECT_STORE = "object_store"
+    WAL = "wal"
+    TABLE = "tables"
+    COMPACTION = "compaction"
+
+
+class BackendOptions(BaseModel):
+    """Base of every backend's options model: unknown keys are errors, never ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoOptions(BackendOptions):
+    """For backends that take no options."""
+
+
+@dataclass(frozen=True)
+class OpenContext:
+    """What a backend may need besides its own options when it is opened.
+
+    Attributes:
+        data_dir: Folder for embedded backends' files (``--data-dir``, default ``./icefloe-data``).
+        object_store: The configured object store, for backends layered on it (the object WAL,
+            table formats that keep their files in object storage). ``None`` while the object
+            store itself is being opened.
+    """
+
+    data_dir: Path
+    object_store: ObjectStore | None = field(default=None)
+
+
+class Port:
+    """Base of every port.
+
+    Subclasses (adapters) set ``capabilities`` to the optional features they implement and
+    ``options_model`` to the pydantic model of their configuration section.
+    """
+
+    kind: ClassVar[PortKind]
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    options_model: ClassVar[type[BackendOptions]] = NoOptions
+
+    @classmethod
+    async def open(cls, options: Any, context: OpenContext) -> Self:
+        """Create a connected adapter from its validated options.
+
+        Args:
+            options: An instance of ``cls.options_model``.
+            context: Shared resources and paths; see :class:`OpenContext`.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not implement open()")
+
+    @classmethod
+    def supports(cls, capability: str) -> bool:
+        """Whether this adapter declares ``capability``."""
+        return capability in cls.capabilities
+
+    def require(self, capability: str) -> None:
+        """Raise :class:`CapabilityError` unless this adapter declares ``capability``."""
+        if not self.supports(capability):
+            raise CapabilityError(
+                f"{type(self).__name__} does not support {capability!r}; "
+                f"check supports({capability!r}) before using it"
+            )
+
+    async def close(self) -> None:
+        """Release connections and background tasks. Further calls fail with ``ClosedError``."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()

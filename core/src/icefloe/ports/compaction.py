@@ -1,0 +1,69 @@
+"""The CompactionEngine port: turn WAL chunks into Parquet files, one per stream range.
+
+Contract (executable form: ``icefloe.testing.compaction_contract``):
+
+- ``run(tasks)`` executes every task and returns, per task, the files it wrote. A task names
+  WAL objects and, for each, the stream ranges to extract; the engine reads each WAL object
+  once and writes one Parquet file per stream range through the ObjectStore port, at the path
+  the task gives. Running a task twice writes the same file contents to the same paths
+  (tasks are deterministic), so a retried or speculative execution is harmless.
+- The engine holds no state between calls; a failed task raises and writes no index entry.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from icefloe.ports.base import Port, PortKind
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRange:
+    """Records ``[start_offset, end_offset)`` of one stream, found in one WAL chunk."""
+
+    stream_id: int
+    partition: int
+    start_offset: int
+    end_offset: int
+    wal_ref: str
+    byte_start: int
+    byte_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionTask:
+    task_id: str
+    ranges: tuple[StreamRange, ...]
+    output_paths: tuple[tuple[int, str], ...]
+    """``(stream_id, object key)`` of the Parquet file to write for each stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    task_id: str
+    stream_id: int
+    path: str
+    size: int
+    record_count: int
+    start_offset: int
+    end_offset: int
+
+
+class CompactionEngine(Port):
+    """Runs compaction tasks; see the module docstring for the contract."""
+
+    kind: ClassVar[PortKind] = PortKind.COMPACTION
+
+    async def run(self, tasks: Sequence[CompactionTask]) -> list[WrittenFile]:
+        ids = [t.task_id for t in tasks]
+        if len(set(ids)) != len(ids):
+            raise ValueError("task ids must be unique within a run")
+        if not tasks:
+            return []
+        return await self._run(list(tasks))
+
+    @abc.abstractmethod
+    async def _run(self, tasks: list[CompactionTask]) -> list[WrittenFile]: ...

@@ -1,0 +1,81 @@
+"""The WAL port: durable storage for sealed write-ahead-log objects.
+
+Contract (executable form: ``icefloe.testing.wal_contract``):
+
+- ``append(data)`` returns only once ``data`` is durable, with an opaque reference (a ``str``
+  of at most 512 bytes) that the caller stores in the offset index. Two appends never return
+  the same reference. A failed append may leave an unreferenced object behind (an orphan); it
+  never makes a reference readable with other bytes.
+- ``read(ref, start, end)`` returns bytes ``[start, min(end, size))`` of what was appended;
+  an unknown or deleted reference raises :class:`~icefloe.errors.NotFoundError`.
+- ``delete(ref)`` is idempotent.
+- ``list()`` enumerates every stored object with its size and creation time, for garbage
+  collection of orphans and released objects; an object's creation time never lies in its
+  future.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from icefloe.ports.base import Port, PortKind
+
+MAX_REF_BYTES: Final = 512
+
+
+@dataclass(frozen=True, slots=True)
+class WalObjectInfo:
+    ref: str
+    size: int
+    created: float
+    """Creation time, seconds since the epoch."""
+
+
+def validate_ref(ref: str) -> None:
+    if not isinstance(ref, str) or not ref or len(ref.encode()) > MAX_REF_BYTES:
+        raise ValueError(f"WAL reference must be a non-empty str of ≤ {MAX_REF_BYTES} bytes")
+
+
+class WAL(Port):
+    """Sealed WAL objects; see the module docstring for the contract."""
+
+    kind: ClassVar[PortKind] = PortKind.WAL
+
+    async def append(self, data: bytes | memoryview) -> str:
+        """Store ``data`` durably and return its reference."""
+        if not isinstance(data, bytes | bytearray | memoryview) or len(data) == 0:
+            raise ValueError("a WAL object must be non-empty bytes")
+        return await self._append(data)
+
+    async def read(self, ref: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of the object ``ref``."""
+        validate_ref(ref)
+        if start < 0 or (end is not None and end < start):
+            raise ValueError(f"invalid byte range [{start}, {end})")
+        if end == start:
+            return b""
+        return await self._read(ref, start, end)
+
+    async def delete(self, ref: str) -> None:
+        """Delete the object ``ref``; deleting a missing one is not an error."""
+        validate_ref(ref)
+        await self._delete(ref)
+
+    def list(self) -> AsyncIterator[WalObjectInfo]:
+        """Every stored WAL object, oldest first where the backend can tell."""
+        return self._list()
+
+    @abc.abstractmethod
+    async def _append(self, data: bytes | memoryview) -> str: ...
+
+    @abc.abstractmethod
+    async def _read(self, ref: str, start: int, end: int | None) -> bytes: ...
+
+    @abc.abstractmethod
+    async def _delete(self, ref: str) -> None: ...
+
+    @abc.abstractmethod
+    def _list(self) -> AsyncIterator[WalObjectInfo]: ...
