@@ -12,7 +12,8 @@ Writes
     succeeds only if no object has the key, even under concurrent writers (exactly one wins);
     the losers get :class:`~icefloe.errors.AlreadyExistsError`. ``put_stream`` does the same for
     data that arrives in chunks (multipart or resumable upload), holding at most about one part
-    in memory.
+    in memory. If the chunk source raises, its exception propagates unchanged and no object
+    is created.
 
 Reads
     ``get(key, start, end)`` returns bytes ``[start, min(end, size))``; ``start >= size``
@@ -25,7 +26,7 @@ Deletes
 Counters
     ``stats`` counts the requests the adapter really sent, by :class:`RequestKind`, and the
     payload bytes moved (uploaded for PUT, downloaded for GET), for the cost report. A
-    multipart upload counts each request it makes.
+    multipart upload counts each request it makes; failed requests count too.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class ObjectStore(Port):
         self.stats = RequestStats()
 
     async def put(
-        self, key: str, data: bytes | memoryview, *, if_absent: bool = False
+        self, key: str, data: bytes | bytearray | memoryview, *, if_absent: bool = False
     ) -> ObjectInfo:
         """Store ``data`` at ``key`` atomically.
 
@@ -128,7 +129,7 @@ class ObjectStore(Port):
     async def put_stream(
         self,
         key: str,
-        chunks: AsyncIterable[bytes | memoryview],
+        chunks: AsyncIterable[bytes | bytearray | memoryview],
         *,
         if_absent: bool = False,
     ) -> ObjectInfo:
@@ -174,11 +175,13 @@ class ObjectStore(Port):
     # --- adapter primitives -------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def _put(self, key: str, data: bytes | memoryview, if_absent: bool) -> ObjectInfo: ...
+    async def _put(
+        self, key: str, data: bytes | bytearray | memoryview, if_absent: bool
+    ) -> ObjectInfo: ...
 
     @abc.abstractmethod
     async def _put_stream(
-        self, key: str, chunks: AsyncIterable[bytes | memoryview], if_absent: bool
+        self, key: str, chunks: AsyncIterable[bytes | bytearray | memoryview], if_absent: bool
     ) -> ObjectInfo: ...
 
     @abc.abstractmethod

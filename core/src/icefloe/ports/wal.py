@@ -44,7 +44,7 @@ class WAL(Port):
 
     kind: ClassVar[PortKind] = PortKind.WAL
 
-    async def append(self, data: bytes | memoryview) -> str:
+    async def append(self, data: bytes | bytearray | memoryview) -> str:
         """Store ``data`` durably and return its reference."""
         if not isinstance(data, bytes | bytearray | memoryview) or len(data) == 0:
             raise ValueError("a WAL object must be non-empty bytes")
@@ -69,7 +69,7 @@ class WAL(Port):
         return self._list()
 
     @abc.abstractmethod
-    async def _append(self, data: bytes | memoryview) -> str: ...
+    async def _append(self, data: bytes | bytearray | memoryview) -> str: ...
 
     @abc.abstractmethod
     async def _read(self, ref: str, start: int, end: int | None) -> bytes: ...

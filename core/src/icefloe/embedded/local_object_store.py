@@ -1,0 +1,427 @@
+"""The local object store: objects as files under a root folder.
+
+The object ``a/b/c`` is the file ``<root>/a/b/c``. Every write first goes to a temporary file
+in a hidden sibling folder, ``<root's parent>/.<root's name>.icefloe-tmp``: outside the root, so
+that no key can ever name a temporary file and ``list`` never sees one, yet on the same
+filesystem, so that the finished file can be moved or linked into place atomically:
+
+- a plain put ``os.replace``-s the temporary file onto the key: readers see the old object or
+  the new one, never a mix;
+- a create-if-absent put ``os.link``-s it to the key. ``link`` fails if the name exists, so
+  exactly one of any number of racing writers wins, across threads and processes alike.
+
+The data is fsync-ed before the commit and the folder after it, so a returned put survives a
+crash. A writer that dies mid-write leaves only a temporary file, removed by a later ``open``.
+
+Blocking file I/O runs on a bounded thread pool (``io_threads``), never on the event loop.
+
+Known limit of a filesystem: a key cannot also be a folder of other keys (``a`` and ``a/b``
+cannot both exist); such a write fails with :class:`~icefloe.errors.StorageError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import stat
+import time
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Final, Self, TypeVar, TypeVarTuple, Unpack
+
+from pydantic import Field
+
+from icefloe.errors import (
+    AlreadyExistsError,
+    ClosedError,
+    ConfigError,
+    NotFoundError,
+    StorageError,
+)
+from icefloe.ports.base import BackendOptions, OpenContext
+from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+TEMP_FOLDER_SUFFIX: Final = ".icefloe-tmp"
+STALE_TEMP_SECONDS: Final = 24 * 3600
+"""A temporary file untouched this long belongs to a dead writer (live ones write or commit)."""
+
+_COMMIT_ATTEMPTS: Final = 64
+_LIST_PAGE: Final = 1000
+
+
+class LocalObjectStoreOptions(BackendOptions):
+    """Options of ``[object_store] backend = "local"``."""
+
+    root: str | None = None
+    """Folder holding the objects; default ``<data dir>/objects``."""
+    io_threads: int = Field(default=8, ge=1, le=256)
+    """Size of the thread pool that runs the blocking file I/O."""
+
+
+class LocalObjectStore(ObjectStore):
+    """Objects as files under a root folder; see the module docstring."""
+
+    options_model = LocalObjectStoreOptions
+
+    def __init__(self, root: Path, io_threads: int = 8) -> None:
+        """Use an existing root folder; :meth:`open` is the usual way in.
+
+        Args:
+            root: Absolute, normalised folder holding the objects; it and :attr:`temp_dir`
+                must exist on the same filesystem.
+            io_threads: Size of the thread pool for blocking file I/O.
+        """
+        super().__init__()
+        self.root = root
+        self.temp_dir = temp_folder_of(root)
+        self._root = str(root)
+        self._temp = str(self.temp_dir)
+        self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="icefloe-local-store")
+        self._closed = False
+
+    @classmethod
+    async def open(cls, options: LocalObjectStoreOptions, context: OpenContext) -> Self:
+        """Create the folders if needed, clear stale temporary files, and open the store.
+
+        Raises:
+            ConfigError: the root cannot hold a store (the filesystem root, or a mount point
+                whose parent is another filesystem).
+            StorageError: the folders cannot be created or read.
+        """
+        root = _absolute(Path(options.root or context.data_dir / "objects"))
+        if not root.name:
+            raise ConfigError(
+                f"[object_store] root = {str(root)!r}: choose a folder, not a filesystem root"
+            )
+        try:
+            await asyncio.to_thread(_prepare_folders, root, temp_folder_of(root))
+        except OSError as exc:
+            raise StorageError(f"[object_store] root = {str(root)!r} is not usable: {exc}") from exc
+        return cls(root, options.io_threads)
+
+    async def close(self) -> None:
+        """Wait for running file operations, then refuse new ones."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+
+    # --- primitives ------------------------------------------------------------------------
+
+    async def _put(
+        self, key: str, data: bytes | bytearray | memoryview, if_absent: bool
+    ) -> ObjectInfo:
+        self._check_open()
+        self.stats.record(RequestKind.PUT, memoryview(data).nbytes)
+        return await self._run(self._put_file, key, data, if_absent)
+
+    async def _put_stream(
+        self, key: str, chunks: AsyncIterable[bytes | bytearray | memoryview], if_absent: bool
+    ) -> ObjectInfo:
+        self._check_open()
+        self.stats.record(RequestKind.PUT)
+        final = self._path_of(key)
+        temp = await self._run(_TempFile, self._temp)
+        try:
+            # Exceptions raised by ``chunks`` itself are the caller's and propagate unchanged.
+            async for chunk in chunks:
+                await self._run(temp.write, chunk)
+                self.stats.record(RequestKind.PUT, memoryview(chunk).nbytes, requests=0)
+            info = await self._run(temp.seal, key)
+            await self._run(self._commit, temp.path, key, final, if_absent)
+            return info
+        finally:
+            await self._discard(temp)
+
+    async def _get(self, key: str, start: int, end: int | None) -> bytes:
+        self._check_open()
+        data = b""
+        try:
+            data = await self._run(self._read_range, key, start, end)
+            return data
+        finally:
+            self.stats.record(RequestKind.GET, len(data))
+
+    async def _get_stream(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
+        self._check_open()
+        self.stats.record(RequestKind.GET)
+        file = await self._run(self._open_object, key)
+        try:
+            while chunk := await self._run(file.read, chunk_size):
+                self.stats.record(RequestKind.GET, len(chunk), requests=0)
+                yield chunk
+        finally:
+            # Closing a file opened for reading flushes nothing, so it cannot block the loop.
+            file.close()
+
+    async def _head(self, key: str) -> ObjectInfo | None:
+        self._check_open()
+        self.stats.record(RequestKind.HEAD)
+        return await self._run(self._stat_object, key)
+
+    async def _delete(self, key: str) -> None:
+        self._check_open()
+        self.stats.record(RequestKind.DELETE)
+        await self._run(self._delete_file, key)
+
+    async def _list(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        self._check_open()
+        self.stats.record(RequestKind.LIST)
+        folder_key, _, name_prefix = prefix.rpartition("/")
+        folder = self._path_of(folder_key) if folder_key else self._root
+        key_prefix = f"{folder_key}/" if folder_key else ""
+        walker = _walk_sorted(folder, key_prefix, name_prefix)
+        # The walk is a plain generator resumed page by page on the pool: one thread at a time.
+        while page := await self._run(_take, walker, _LIST_PAGE):
+            for info in page:
+                yield info
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the local object store at {self._root!r} is closed")
+
+    async def _run(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
+        """Run blocking ``fn(*args)`` on the pool; OS errors leave as :class:`StorageError`."""
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, *args)
+        except OSError as exc:
+            raise StorageError(f"local object store at {self._root!r}: {exc}") from exc
+
+    async def _discard(self, temp: _TempFile) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, temp.discard)
+        except RuntimeError:
+            temp.discard()  # the pool was shut down by close(): clean up here instead
+
+    def _path_of(self, key: str) -> str:
+        """The file of ``key``, refusing anything that would land outside the root."""
+        path = os.path.normpath(os.path.join(self._root, key))
+        if not path.startswith(self._root + os.sep):
+            raise ValueError(f"object key {key!r} resolves outside the store root")
+        return path
+
+    # --- blocking operations, run on the pool ----------------------------------------------
+
+    def _put_file(
+        self, key: str, data: bytes | bytearray | memoryview, if_absent: bool
+    ) -> ObjectInfo:
+        final = self._path_of(key)
+        temp = _TempFile(self._temp)
+        try:
+            temp.write(data)
+            info = temp.seal(key)
+            self._commit(temp.path, key, final, if_absent)
+            return info
+        finally:
+            temp.discard()
+
+    def _commit(self, temp: str, key: str, final: str, if_absent: bool) -> None:
+        """Move the sealed temporary file to the key, atomically."""
+        for _ in range(_COMMIT_ATTEMPTS):
+            try:
+                self._make_parents(final, key)
+                if if_absent:
+                    os.link(temp, final)
+                else:
+                    os.replace(temp, final)
+            except FileNotFoundError:
+                if not os.path.exists(temp):
+                    raise StorageError(f"the temporary file of {key!r} vanished") from None
+                # A concurrent delete pruned a folder just made for this key: make it again.
+                continue
+            except FileExistsError:
+                if os.path.isdir(final):
+                    raise _folder_conflict(key) from None
+                raise AlreadyExistsError(f"object {key!r} already exists") from None
+            except (IsADirectoryError, NotADirectoryError) as exc:
+                raise _folder_conflict(key) from exc
+            _fsync_folder(os.path.dirname(final))
+            return
+        raise StorageError(f"could not create the folders of {key!r}: they keep being removed")
+
+    def _make_parents(self, path: str, key: str) -> None:
+        """Create the missing folders above ``path``, each made durable in its parent."""
+        missing = []
+        folder = os.path.dirname(path)
+        while folder != self._root and not os.path.isdir(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                if _is_file(folder):
+                    raise _folder_conflict(key) from None
+                # A concurrent writer made it (and a concurrent delete may have removed it
+                # since: the next mkdir or the commit then fails and is retried).
+                continue
+            _fsync_folder(os.path.dirname(folder))
+
+    def _open_object(self, key: str) -> IO[bytes]:
+        try:
+            return open(self._path_of(key), "rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise NotFoundError(f"object {key!r} does not exist") from exc
+
+    def _read_range(self, key: str, start: int, end: int | None) -> bytes:
+        with self._open_object(key) as file:
+            file.seek(start)
+            return file.read(-1 if end is None else end - start)
+
+    def _stat_object(self, key: str) -> ObjectInfo | None:
+        try:
+            info = os.stat(self._path_of(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISREG(info.st_mode):
+            return None  # a folder of other keys, not an object
+        return ObjectInfo(key, info.st_size, info.st_mtime)
+
+    def _delete_file(self, key: str) -> None:
+        path = self._path_of(key)
+        if os.path.isdir(path):
+            return  # a folder of other keys: no object has this key
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        # Not fsync-ed: a delete lost in a crash is simply repeated by the next cleanup.
+        self._prune_empty_folders(os.path.dirname(path))
+
+    def _prune_empty_folders(self, folder: str) -> None:
+        """Remove ``folder`` and its ancestors below the root while they are empty.
+
+        ``rmdir`` removes only an empty folder, atomically; a writer that loses its folder this
+        way makes it again (see :meth:`_commit`).
+        """
+        while folder != self._root:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                return  # not empty (still used, or refilled meanwhile) or already removed
+            folder = os.path.dirname(folder)
+
+
+class _TempFile:
+    """A file in the temporary folder that becomes an object on commit, or disappears."""
+
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, f"{uuid.uuid4().hex}.part")
+        self._file = open(self.path, "xb")  # noqa: SIM115 - closed by seal() or discard()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._file.write(data)
+
+    def seal(self, key: str) -> ObjectInfo:
+        """Make the content durable and close the file; report what the object will be."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        info = os.fstat(self._file.fileno())
+        self._file.close()
+        return ObjectInfo(key, info.st_size, info.st_mtime)
+
+    def discard(self) -> None:
+        """Close and remove the file; harmless after a commit that consumed it."""
+        # A write cancelled in another thread may still run: close() waits for it (the
+        # buffered file's lock), so the file is never removed under a live write.
+        with contextlib.suppress(OSError):
+            self._file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _absolute(path: Path) -> Path:
+    """``path`` made absolute and free of ``..``, without following symbolic links."""
+    return Path(os.path.normpath(path.absolute()))
+
+
+def temp_folder_of(root: Path) -> Path:
+    """The folder of temporary files for the store at ``root``: a hidden sibling of it."""
+    return root.parent / f".{root.name}{TEMP_FOLDER_SUFFIX}"
+
+
+def _prepare_folders(root: Path, temp_dir: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    temp_dir.mkdir(exist_ok=True)
+    if root.stat().st_dev != temp_dir.stat().st_dev:
+        raise ConfigError(
+            f"[object_store] root = {str(root)!r} is a mount point: atomic writes need "
+            f"{str(temp_dir)!r} on the same filesystem; use a folder inside the mount instead"
+        )
+    _remove_stale_temp_files(temp_dir)
+
+
+def _remove_stale_temp_files(temp_dir: Path) -> None:
+    cutoff = time.time() - STALE_TEMP_SECONDS
+    with os.scandir(temp_dir) as entries:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):  # another process removed it first
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+
+
+def _walk_sorted(folder: str, key_prefix: str, name_prefix: str = "") -> Iterator[ObjectInfo]:
+    """The objects below ``folder`` whose names start with ``name_prefix``, in key order.
+
+    Within a folder, a subfolder ``x`` sorts as ``x/``: every key below it starts with ``x/``,
+    and no sibling name starts with ``x/``, so the subtree's keys sit exactly where ``x/`` does
+    in plain string (= UTF-8 byte) order.
+    """
+    try:
+        with os.scandir(folder) as scan:
+            entries = [entry for entry in scan if entry.name.startswith(name_prefix)]
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there, or removed by a concurrent delete
+    entries.sort(key=_sort_name)
+    for entry in entries:
+        key = key_prefix + entry.name
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk_sorted(entry.path, key + "/")
+        elif entry.is_file(follow_symlinks=False):
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted since the folder was read
+            yield ObjectInfo(key, info.st_size, info.st_mtime)
+
+
+def _sort_name(entry: os.DirEntry[str]) -> str:
+    return entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name
+
+
+def _take(iterator: Iterator[T], count: int) -> list[T]:
+    return list(itertools.islice(iterator, count))
+
+
+def _is_file(path: str) -> bool:
+    """Whether ``path`` exists and is not a folder (one ``lstat``, so one consistent answer)."""
+    try:
+        return not stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _folder_conflict(key: str) -> StorageError:
+    return StorageError(
+        f"object key {key!r} clashes with a folder of other keys: the local object store "
+        "cannot hold both 'a' and 'a/b'"
+    )

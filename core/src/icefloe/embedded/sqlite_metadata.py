@@ -1,0 +1,849 @@
+"""The embedded metadata store: one SQLite database file shared by the processes of one machine.
+
+Tables (all keys are SQLite ``TEXT`` with the default ``BINARY`` collation, which compares
+UTF-8 bytes with ``memcmp``: exactly the key order the port requires):
+
+``kv(key, value, version, session)``
+    The records. ``session`` names the owning session of an ephemeral key.
+``changes(id, key, kind)``
+    One row per modification (put or delete). ``id`` is an ``AUTOINCREMENT`` counter, so it is
+    never reused; a record's version is the id of the change that last wrote it, which makes
+    versions strictly increase per key and gives watchers a commit-ordered log. Only the newest
+    ``changelog_retention`` rows are kept.
+``sessions(id, expires_at)``
+    Live sessions with a wall-clock deadline, so that any process can judge expiry.
+``meta(name, value)``
+    ``pruned_through``: every change id up to this one has been pruned from ``changes``. A
+    watcher whose cursor is older has missed changes and gets a ``RESET``.
+
+Every write runs in a ``BEGIN IMMEDIATE`` transaction: it takes the database's write lock up
+front, so read-check-write sequences (compare-and-set, sequenced append) from several processes
+serialize instead of failing at commit. The connection lives on one worker thread per store so
+that the event loop never blocks on disk or on another process's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import sqlite3
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, ParamSpec, Self, TypeVar
+
+from pydantic import Field
+
+from icefloe.errors import (
+    AlreadyExistsError,
+    ClosedError,
+    ConflictError,
+    SessionExpiredError,
+    StorageError,
+    UnavailableError,
+)
+from icefloe.ports.base import BackendOptions, OpenContext
+from icefloe.ports.metadata import (
+    MUST_NOT_EXIST,
+    RESET,
+    SEQUENCE_COMPONENT_WIDTH,
+    Check,
+    Delete,
+    EventKind,
+    MetadataStore,
+    Put,
+    Record,
+    Session,
+    Watch,
+    WatchEvent,
+    sequence_components,
+    sequence_key,
+    validate_key,
+)
+
+_log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+SCHEMA_VERSION: Final = 1
+DEFAULT_FILE_NAME: Final = "metadata.db"
+
+_CHANGE_BATCH: Final = 1000
+"""Changes read per query by the watch pump; bounds the memory of one catch-up step."""
+
+_SCHEMA: Final = """
+BEGIN IMMEDIATE;
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY NOT NULL,
+    value BLOB NOT NULL,
+    version INTEGER NOT NULL,
+    session TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS kv_by_session ON kv (session) WHERE session IS NOT NULL;
+CREATE TABLE IF NOT EXISTS changes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    kind TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (
+    name TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO meta (name, value) VALUES ('pruned_through', 0);
+COMMIT;
+"""
+
+_UPSERT: Final = """
+INSERT INTO kv (key, value, version, session) VALUES (?, ?, ?, ?)
+ON CONFLICT (key) DO UPDATE
+SET value = excluded.value, version = excluded.version, session = excluded.session
+"""
+
+# ":" is the character after "9": every key of sequence p lies in [p + "-0", p + "-:"), while
+# keys of a longer sequence name such as p + "-x" (also below sequence_upper_bound(p)) do not.
+_SEQUENCE_LOW: Final = "-0"
+_SEQUENCE_HIGH: Final = "-:"
+_MAX_COMPONENT: Final = 10**SEQUENCE_COMPONENT_WIDTH - 1
+
+
+class SqliteMetadataOptions(BackendOptions):
+    """Options of the ``sqlite`` metadata backend (section ``[metadata]``)."""
+
+    path: str | None = Field(
+        default=None,
+        description="Database file; default <data_dir>/metadata.db. Parent folders are created.",
+    )
+    poll_interval: float = Field(
+        default=0.01,
+        gt=0,
+        description="Seconds between checks for changes committed by other processes.",
+    )
+    changelog_retention: int = Field(
+        default=100_000,
+        ge=1,
+        description="Newest changes kept for watchers; a watcher further behind gets RESET.",
+    )
+    reap_interval: float = Field(
+        default=0.25,
+        gt=0,
+        description="Seconds between sweeps that delete expired sessions and their keys.",
+    )
+    watch_queue_size: int = Field(
+        default=10_000,
+        ge=1,
+        description="Events buffered per watcher; on overflow the watcher gets RESET.",
+    )
+    busy_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds to wait for another process's write lock before UnavailableError.",
+    )
+
+
+# --- the SQL side: runs on the store's worker thread only ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    id: int
+    key: str
+    kind: EventKind
+
+
+@dataclass(frozen=True, slots=True)
+class _ChangeBatch:
+    """Changes with ids after ``after``, read in one snapshot with the log's bounds."""
+
+    after: int
+    changes: list[_Change]
+    pruned_through: int
+    head: int
+
+
+class _Database:
+    """The store's SQL; every method runs on the store's single worker thread."""
+
+    def __init__(self, path: Path, options: SqliteMetadataOptions) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._retention = options.changelog_retention
+        self._pruned_through = 0  # a cache: only used to skip pruning that is not due
+        # isolation_level=None: the sqlite3 module issues no implicit BEGIN; we do it ourselves.
+        self._conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            self._configure(options)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _configure(self, options: SqliteMetadataOptions) -> None:
+        # The busy timeout first: switching to WAL and creating tables take locks too.
+        self._conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}")
+        (mode,) = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode != "wal":
+            _log.warning("SQLite refused WAL mode (got %r); concurrent readers will block", mode)
+        # An acknowledged write must survive a power cut, not only a process crash.
+        self._conn.execute("PRAGMA synchronous = FULL")
+        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise StorageError(
+                f"the metadata database was written by a newer Icefloe (schema {version}, "
+                f"this one reads {SCHEMA_VERSION}); upgrade icefloe"
+            )
+        if version < SCHEMA_VERSION:
+            self._conn.executescript(_SCHEMA)
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # --- transactions and the change log ----------------------------------------------------
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._prune()
+            self._conn.execute("COMMIT")
+        except BaseException:
+            # SQLite rolls some failures back by itself; a second ROLLBACK would then fail.
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+
+    def _record_change(self, key: str, kind: EventKind) -> int:
+        cursor = self._conn.execute(
+            "INSERT INTO changes (key, kind) VALUES (?, ?)", (key, kind.value)
+        )
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    def _head(self) -> int:
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'changes'")
+        found = row.fetchone()
+        return int(found[0]) if found else 0
+
+    def _prune(self) -> None:
+        threshold = self._head() - self._retention
+        if threshold <= self._pruned_through:
+            return
+        self._conn.execute("DELETE FROM changes WHERE id <= ?", (threshold,))
+        self._conn.execute(
+            "UPDATE meta SET value = MAX(value, ?) WHERE name = 'pruned_through'", (threshold,)
+        )
+        self._pruned_through = threshold
+
+    def _version(self, key: str) -> int | None:
+        row = self._conn.execute("SELECT version FROM kv WHERE key = ?", (key,)).fetchone()
+        return int(row[0]) if row else None
+
+    def _check(self, key: str, expected: int | None) -> None:
+        if expected is None:
+            return
+        current = self._version(key)
+        if expected == MUST_NOT_EXIST:
+            if current is not None:
+                raise AlreadyExistsError(f"{key!r} already exists (version {current})")
+        elif current != expected:
+            found = "does not exist" if current is None else f"has version {current}"
+            raise ConflictError(f"{key!r} {found}, expected version {expected}")
+
+    def _write_key(self, key: str, value: bytes, session_id: str | None) -> int:
+        version = self._record_change(key, EventKind.PUT)
+        self._conn.execute(_UPSERT, (key, value, version, session_id))
+        return version
+
+    def _delete_key(self, key: str) -> bool:
+        if self._version(key) is None:
+            return False
+        self._record_change(key, EventKind.DELETE)
+        self._conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+        return True
+
+    def _delete_session_keys(self, session_id: str) -> None:
+        self._conn.execute(
+            "INSERT INTO changes (key, kind) SELECT key, ? FROM kv WHERE session = ? ORDER BY key",
+            (EventKind.DELETE.value, session_id),
+        )
+        self._conn.execute("DELETE FROM kv WHERE session = ?", (session_id,))
+
+    def _check_session(self, session_id: str) -> None:
+        row = self._conn.execute(
+            "SELECT expires_at FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        if row is None or row[0] <= time.time():
+            raise SessionExpiredError(
+                f"session {session_id} has expired; its ephemeral keys are gone: open a new session"
+            )
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def get(self, key: str) -> Record | None:
+        row = self._conn.execute("SELECT key, value, version FROM kv WHERE key = ?", (key,))
+        return _record(row.fetchone())
+
+    def scan(self, start: str, end: str, limit: int | None) -> list[Record]:
+        rows = self._conn.execute(
+            "SELECT key, value, version FROM kv WHERE key >= ? AND key < ? ORDER BY key LIMIT ?",
+            (start, end, -1 if limit is None else limit),
+        )
+        return [Record(key, value, version) for key, value, version in rows]
+
+    def floor(self, key: str) -> Record | None:
+        row = self._conn.execute(
+            "SELECT key, value, version FROM kv WHERE key <= ? ORDER BY key DESC LIMIT 1", (key,)
+        )
+        return _record(row.fetchone())
+
+    def ceiling(self, key: str) -> Record | None:
+        row = self._conn.execute(
+            "SELECT key, value, version FROM kv WHERE key >= ? ORDER BY key LIMIT 1", (key,)
+        )
+        return _record(row.fetchone())
+
+    def head(self) -> int:
+        return self._head()
+
+    def data_version(self) -> int:
+        # Changes whenever *another* connection commits; our own commits leave it alone.
+        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
+        return int(version)
+
+    def read_changes(self, after: int, limit: int) -> _ChangeBatch:
+        # One read transaction, so the pruning mark and the rows are from the same snapshot:
+        # read separately, a prune in between could remove rows we then never see.
+        self._conn.execute("BEGIN")
+        try:
+            (pruned_through,) = self._conn.execute(
+                "SELECT value FROM meta WHERE name = 'pruned_through'"
+            ).fetchone()
+            rows = self._conn.execute(
+                "SELECT id, key, kind FROM changes WHERE id > ? ORDER BY id LIMIT ?",
+                (after, limit),
+            ).fetchall()
+            head = self._head()
+        finally:
+            self._conn.execute("COMMIT")
+        changes = [_Change(id_, key, EventKind(kind)) for id_, key, kind in rows]
+        return _ChangeBatch(after, changes, int(pruned_through), head)
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def put(self, key: str, value: bytes, expected: int | None, session_id: str | None) -> int:
+        with self._writing():
+            self._check(key, expected)
+            if session_id is not None:
+                self._check_session(session_id)
+            return self._write_key(key, value, session_id)
+
+    def delete(self, key: str, expected: int | None) -> bool:
+        with self._writing():
+            self._check(key, expected)
+            return self._delete_key(key)
+
+    def delete_range(self, start: str, end: str) -> None:
+        with self._writing():
+            self._conn.execute(
+                "INSERT INTO changes (key, kind) "
+                "SELECT key, ? FROM kv WHERE key >= ? AND key < ? ORDER BY key",
+                (EventKind.DELETE.value, start, end),
+            )
+            self._conn.execute("DELETE FROM kv WHERE key >= ? AND key < ?", (start, end))
+
+    def append_sequence(self, prefix: str, value: bytes, deltas: tuple[int, ...]) -> Record:
+        with self._writing():
+            last = self._conn.execute(
+                "SELECT key FROM kv WHERE key >= ? AND key < ? ORDER BY key DESC LIMIT 1",
+                (prefix + _SEQUENCE_LOW, prefix + _SEQUENCE_HIGH),
+            ).fetchone()
+            previous = _previous_components(prefix, last[0], len(deltas)) if last else None
+            components = tuple(
+                (0 if previous is None else previous[i]) + delta for i, delta in enumerate(deltas)
+            )
+            if max(components) > _MAX_COMPONENT:
+                raise ValueError(f"sequence {prefix!r} would pass {_MAX_COMPONENT}")
+            key = sequence_key(prefix, components)
+            validate_key(key)
+            return Record(key, value, self._write_key(key, value, None))
+
+    def transact(self, checks: list[Check], writes: list[Put | Delete]) -> None:
+        with self._writing():
+            for check in checks:
+                self._check(check.key, check.version)
+            for write in writes:
+                if isinstance(write, Put):
+                    self._write_key(write.key, write.value, None)
+                else:
+                    self._delete_key(write.key)
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def create_session(self, session_id: str, ttl: float) -> None:
+        with self._writing():
+            self._conn.execute(
+                "INSERT INTO sessions (id, expires_at) VALUES (?, ?)",
+                (session_id, time.time() + ttl),
+            )
+
+    def refresh_session(self, session_id: str, ttl: float) -> bool:
+        """Push the deadline back; ``False`` if the session is gone or already expired."""
+        now = time.time()
+        with self._writing():
+            # An expired session stays dead even if no reaper has deleted it yet: another
+            # process may already have acted on its expiry.
+            updated = self._conn.execute(
+                "UPDATE sessions SET expires_at = ? WHERE id = ? AND expires_at > ?",
+                (now + ttl, session_id, now),
+            )
+            return updated.rowcount == 1
+
+    def end_session(self, session_id: str) -> None:
+        with self._writing():
+            self._delete_session_keys(session_id)
+            self._conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+    def reap(self) -> list[str]:
+        """Delete expired sessions and their keys; return the reaped session ids."""
+        # A plain read first: most sweeps find nothing, and must not take the write lock.
+        if not self._expired_sessions():
+            return []
+        with self._writing():
+            expired = self._expired_sessions()  # again: another process may have reaped
+            for session_id in expired:
+                self._delete_session_keys(session_id)
+                self._conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+            return expired
+
+    def _expired_sessions(self) -> list[str]:
+        rows = self._conn.execute("SELECT id FROM sessions WHERE expires_at <= ?", (time.time(),))
+        return [session_id for (session_id,) in rows]
+
+
+def _record(row: tuple[str, bytes, int] | None) -> Record | None:
+    return None if row is None else Record(row[0], row[1], row[2])
+
+
+def _previous_components(prefix: str, key: str, count: int) -> tuple[int, ...]:
+    try:
+        components = sequence_components(prefix, key)
+    except ValueError as exc:
+        raise StorageError(
+            f"{key!r} lies in sequence {prefix!r} but is not a sequence key"
+        ) from exc
+    if len(components) != count:
+        raise ValueError(
+            f"sequence {prefix!r} has {len(components)} components, got {count} deltas"
+        )
+    return components
+
+
+def _translated(path: Path, fn: Callable[[], _T]) -> _T:
+    """Run ``fn``, turning sqlite3 and file-system errors into :mod:`icefloe.errors` types."""
+    try:
+        return fn()
+    except OSError as exc:  # creating the folder of the database file
+        raise StorageError(f"metadata database {path}: {exc}") from exc
+    except sqlite3.Error as exc:
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise UnavailableError(
+                f"metadata database {path} stayed locked by another connection longer than "
+                f"busy_timeout ({exc}); retry, or raise [metadata] busy_timeout"
+            ) from exc
+        raise StorageError(f"metadata database {path}: {exc}") from exc
+
+
+# --- the async side ------------------------------------------------------------------------
+
+
+class _SqliteWatch(Watch):
+    """A watcher fed by its store's pump; holds at most ``limit`` undelivered events."""
+
+    def __init__(self, store: SqliteMetadataStore, prefix: str, cursor: int, limit: int) -> None:
+        self.prefix = prefix
+        self.cursor = cursor
+        """Id of the last change this watcher has accounted for (delivered, skipped or reset)."""
+        self._store = store
+        self._limit = limit
+        self._events: deque[WatchEvent] = deque()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def take(self, batch: _ChangeBatch) -> None:
+        """Queue the events of ``batch`` that this watcher has not seen yet."""
+        # A batch read from beyond our cursor (we registered while it was in flight) would
+        # leave a hole; the pump reads again from our cursor on its next round.
+        if self._closed or batch.after > self.cursor:
+            return
+        if batch.pruned_through > self.cursor:
+            self._reset(batch.head)
+            return
+        for change in batch.changes:
+            if change.id <= self.cursor or not change.key.startswith(self.prefix):
+                continue
+            if len(self._events) >= self._limit:
+                self._reset(batch.head)
+                return
+            self._events.append(WatchEvent(change.kind, change.key, change.id))
+        if batch.changes:
+            self.cursor = max(self.cursor, batch.changes[-1].id)
+        if self._events:
+            self._ready.set()
+
+    def _reset(self, head: int) -> None:
+        # Undelivered events are dropped with the memory they hold; RESET tells the consumer
+        # to re-read, and the re-read sees everything up to ``head``.
+        self._events.clear()
+        self._events.append(RESET)
+        self.cursor = max(self.cursor, head)
+        self._ready.set()
+
+    def stop(self) -> None:
+        """End the watch: ``next_event`` returns ``None`` from now on."""
+        self._closed = True
+        self._events.clear()
+        self._ready.set()
+
+    async def next_event(self) -> WatchEvent | None:
+        while not self._closed:
+            if self._events:
+                return self._events.popleft()
+            self._ready.clear()
+            await self._ready.wait()
+        return None
+
+    async def close(self) -> None:
+        self.stop()
+        self._store._forget_watch(self)
+
+
+class _SqliteSession(Session):
+    """A row in ``sessions``, kept alive by its store's heartbeat task."""
+
+    def __init__(self, store: SqliteMetadataStore, session_id: str, ttl: float) -> None:
+        self.id = session_id
+        self.ttl = ttl
+        self._store = store
+        self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.closed = False
+
+    @property
+    def lost(self) -> asyncio.Future[None]:
+        return self._lost
+
+    def expire(self) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    async def close(self) -> None:
+        await self._store._end_session(self)
+
+
+class SqliteMetadataStore(MetadataStore):
+    """The embedded metadata store: a SQLite database file, no server.
+
+    Several processes may open the same file: writes serialize on SQLite's write lock, and each
+    store polls for the others' changes every ``poll_interval`` to feed its watchers.
+    """
+
+    capabilities = frozenset({MetadataStore.MULTI_KEY_TRANSACTION})
+    options_model = SqliteMetadataOptions
+
+    def __init__(
+        self,
+        path: Path,
+        options: SqliteMetadataOptions,
+        executor: ThreadPoolExecutor,
+        db: _Database,
+    ) -> None:
+        """Use :meth:`open`, which connects on the worker thread first."""
+        self._path = path
+        self._options = options
+        self._executor = executor
+        self._db = db
+        self._closed = False
+        self._released = False  # the connection is closed and the worker thread stopped
+        self._watchers: set[_SqliteWatch] = set()
+        self._sessions: dict[str, _SqliteSession] = {}
+        self._heartbeats: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        """Set after every local commit and watcher registration; wakes the watch pump."""
+        self._pump: asyncio.Task[None] | None = None
+        self._spawn(self._reap_forever(), "reaper")
+
+    @classmethod
+    async def open(cls, options: SqliteMetadataOptions, context: OpenContext) -> Self:
+        """Open (creating if needed) the database file and start the session reaper.
+
+        Args:
+            options: The validated options.
+            context: ``data_dir`` holds the database unless ``options.path`` is set.
+
+        Raises:
+            StorageError: the file cannot be opened or is not an Icefloe metadata database.
+            UnavailableError: another process held the database locked for too long.
+        """
+        path = Path(options.path) if options.path else context.data_dir / DEFAULT_FILE_NAME
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="icefloe-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            db = await loop.run_in_executor(
+                executor, _translated, path, functools.partial(_Database, path, options)
+            )
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(path, options, executor, db)
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    # --- running SQL on the worker thread ---------------------------------------------------
+
+    async def _submit(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        # Internal callers (close, heartbeats) use this directly: they run while closing.
+        if self._released:
+            raise ClosedError(f"metadata store {self._path} is closed")
+        call = functools.partial(fn, *args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, _translated, self._path, call)
+
+    async def _read(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        self._check_open()
+        return await self._submit(fn, *args, **kwargs)
+
+    async def _write(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        self._check_open()
+        result = await self._submit(fn, *args, **kwargs)
+        self._changed.set()
+        return result
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"metadata store {self._path} is closed; open a new one")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"icefloe-sqlite-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.error(
+                "background task %s of %s failed",
+                task.get_name(),
+                self._path,
+                exc_info=task.exception(),
+            )
+
+    # --- key-value primitives ---------------------------------------------------------------
+
+    async def _get(self, key: str) -> Record | None:
+        return await self._read(self._db.get, key)
+
+    async def _put(
+        self, key: str, value: bytes, expected_version: int | None, session: Session | None
+    ) -> Record:
+        if session is None:
+            version = await self._write(self._db.put, key, value, expected_version, None)
+            return Record(key, value, version)
+        owned = self._own(session)
+        if not owned.alive:
+            raise SessionExpiredError(f"session {owned.id} is closed or expired; open a new one")
+        try:
+            version = await self._write(self._db.put, key, value, expected_version, owned.id)
+        except SessionExpiredError:
+            owned.expire()
+            raise
+        return Record(key, value, version)
+
+    async def _delete(self, key: str, expected_version: int | None) -> bool:
+        return await self._write(self._db.delete, key, expected_version)
+
+    async def _delete_range(self, start: str, end: str) -> None:
+        await self._write(self._db.delete_range, start, end)
+
+    async def _scan(self, start: str, end: str, limit: int | None) -> list[Record]:
+        return await self._read(self._db.scan, start, end, limit)
+
+    async def _floor(self, key: str) -> Record | None:
+        return await self._read(self._db.floor, key)
+
+    async def _ceiling(self, key: str) -> Record | None:
+        return await self._read(self._db.ceiling, key)
+
+    async def _append_sequence(self, prefix: str, value: bytes, deltas: tuple[int, ...]) -> Record:
+        return await self._write(self._db.append_sequence, prefix, value, deltas)
+
+    async def _transact(self, checks: list[Check], writes: list[Put | Delete]) -> None:
+        await self._write(self._db.transact, checks, writes)
+
+    # --- notifications ----------------------------------------------------------------------
+
+    async def _watch(self, prefix: str) -> Watch:
+        # Every change with a larger id commits after this read: that is the contract's
+        # "established when watch() returns".
+        head = await self._read(self._db.head)
+        self._check_open()  # close() may have run meanwhile and would never end this watch
+        watch = _SqliteWatch(self, prefix, head, self._options.watch_queue_size)
+        self._watchers.add(watch)
+        if self._pump is None:
+            self._pump = self._spawn(self._pump_forever(), "watch-pump")
+        self._changed.set()
+        return watch
+
+    def _forget_watch(self, watch: _SqliteWatch) -> None:
+        self._watchers.discard(watch)
+
+    async def _pump_forever(self) -> None:
+        """Feed the watchers: after local commits at once, other processes' by polling."""
+        seen_version = -1  # data_version is never negative: the first poll always reads
+        while True:
+            if not self._watchers:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            local = await self._wait_for_change()
+            try:
+                if not local:
+                    # Read data_version *before* the changes: a commit landing in between is
+                    # then seen again next round rather than missed.
+                    version = await self._submit(self._db.data_version)
+                    if version == seen_version:
+                        continue
+                    seen_version = version
+                await self._deliver()
+            except ClosedError:
+                return
+            except StorageError as exc:
+                # Cursors did not move, so nothing is lost: the next round retries.
+                _log.warning("watch pump of %s: %s", self._path, exc)
+
+    async def _wait_for_change(self) -> bool:
+        """Wait for a local change or ``poll_interval``; ``True`` if a local change woke us."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._options.poll_interval):
+                await self._changed.wait()
+        woken = self._changed.is_set()
+        self._changed.clear()
+        return woken
+
+    async def _deliver(self) -> None:
+        while self._watchers:
+            after = min(watch.cursor for watch in self._watchers)
+            batch = await self._submit(self._db.read_changes, after, _CHANGE_BATCH)
+            for watch in list(self._watchers):
+                watch.take(batch)
+            if len(batch.changes) < _CHANGE_BATCH:
+                return
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    async def _open_session(self, ttl: float) -> Session:
+        session_id = uuid.uuid4().hex
+        await self._write(self._db.create_session, session_id, ttl)
+        # If close() ran meanwhile, nobody would end this session: let the reapers expire it.
+        self._check_open()
+        session = _SqliteSession(self, session_id, ttl)
+        self._sessions[session_id] = session
+        self._heartbeats[session_id] = self._spawn(
+            self._heartbeat_forever(session), f"heartbeat-{session_id[:8]}"
+        )
+        return session
+
+    def _own(self, session: Session) -> _SqliteSession:
+        if not isinstance(session, _SqliteSession) or session._store is not self:
+            raise ValueError(f"session {session.id} was not opened by this metadata store")
+        return session
+
+    async def _heartbeat_forever(self, session: _SqliteSession) -> None:
+        while session.alive:
+            await asyncio.sleep(session.ttl / 3)
+            try:
+                alive = await self._submit(self._db.refresh_session, session.id, session.ttl)
+            except ClosedError:
+                return
+            except StorageError as exc:
+                # Keep trying: if the database stays unreachable past the deadline, the next
+                # successful refresh finds the session expired and reports it lost.
+                _log.warning("heartbeat of session %s failed: %s", session.id, exc)
+                continue
+            if not alive:
+                _log.warning("session %s expired before its heartbeat could renew it", session.id)
+                session.expire()
+
+    async def _end_session(self, session: _SqliteSession) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        heartbeat = self._heartbeats.pop(session.id, None)
+        if heartbeat is not None:
+            heartbeat.cancel()
+        try:
+            await self._submit(self._db.end_session, session.id)
+            self._changed.set()
+        finally:
+            # Even if the delete failed, the keys go when the reaper sees the lapsed deadline.
+            self._sessions.pop(session.id, None)
+            session.expire()
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._options.reap_interval)
+            try:
+                reaped = await self._submit(self._db.reap)
+            except ClosedError:
+                return
+            except StorageError as exc:
+                _log.warning("session reaper of %s: %s", self._path, exc)
+                continue
+            if reaped:
+                self._changed.set()
+            for session_id in reaped:
+                session = self._sessions.get(session_id)
+                if session is not None:
+                    session.expire()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop background work, end sessions (deleting their keys), close watchers and the file.
+
+        Idempotent. Further calls on the store raise :class:`~icefloe.errors.ClosedError`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for session in list(self._sessions.values()):
+            try:
+                await self._end_session(session)
+            except StorageError as exc:
+                _log.warning("could not end session %s on close: %s", session.id, exc)
+        for watch in list(self._watchers):
+            watch.stop()
+        self._watchers.clear()
+        try:
+            await self._submit(self._db.close)
+        finally:
+            self._released = True
+            self._executor.shutdown(wait=False)

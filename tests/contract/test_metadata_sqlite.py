@@ -1,0 +1,156 @@
+"""The embedded SQLite metadata store runs the MetadataStore contract, plus what only it has."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
+from icefloe.errors import UnavailableError
+from icefloe.ports.metadata import RESET, EventKind, MetadataStore
+from icefloe.testing.metadata_contract import (
+    MetadataStoreContract,
+    events_until,
+    next_event,
+)
+
+
+class TestSqliteMetadataStore(MetadataStoreContract):
+    backend_name = "sqlite"
+
+    def backend_options(self, workdir: Path, unique: str) -> dict[str, Any]:
+        # A file per instance isolates tests; a fast reaper keeps the expiry tests short.
+        return {"path": str(workdir / "meta.db"), "reap_interval": 0.05}
+
+    async def backdoor_get(self, store: MetadataStore, key: str) -> bytes | None:
+        assert isinstance(store, SqliteMetadataStore)
+        return await asyncio.to_thread(read_value, store.path, key)
+
+    # --- SQLite only --------------------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_default_file_is_metadata_db_in_the_data_dir(self, tmp_path: Path) -> None:
+        data_dir = tmp_path / "not" / "yet" / "there"
+        store = await self.open_store(data_dir, {})
+        try:
+            await store.put("key", b"v")
+        finally:
+            await store.close()
+        assert read_value(data_dir / "metadata.db", "key") == b"v"
+
+    @pytest.mark.asyncio
+    async def test_unknown_option_is_rejected(self, tmp_path: Path) -> None:
+        with pytest.raises(ValidationError, match="pol_interval"):
+            await self.open_store(tmp_path, {"pol_interval": 1})
+
+    @pytest.mark.asyncio
+    async def test_two_stores_on_one_file_see_each_others_writes(self, tmp_path: Path) -> None:
+        options = self.backend_options(tmp_path, "")
+        first = await self.open_store(tmp_path, options)
+        second = await self.open_store(tmp_path, options)
+        try:
+            async with first.watch("k/") as watch:
+                record = await second.put("k/1", b"v")
+                event = await next_event(watch)
+            assert (event.kind, event.key, event.version) == (EventKind.PUT, "k/1", record.version)
+            assert await first.get("k/1") == record
+        finally:
+            await first.close()
+            await second.close()
+
+    @pytest.mark.asyncio
+    async def test_watcher_that_does_not_read_gets_reset_when_its_queue_overflows(
+        self, tmp_path: Path
+    ) -> None:
+        options = {**self.backend_options(tmp_path, ""), "watch_queue_size": 4}
+        store = await self.open_store(tmp_path, options)
+        try:
+            slow = await store.watch("w/")
+            # Fed by the same pump as ``slow``: once it has seen a change, so has ``slow``.
+            async with store.watch("w/") as barrier:
+                keys = [f"w/{i:02d}" for i in range(10)]
+                for key in keys:
+                    await store.put(key, b"")
+                await events_until(barrier, keys[-1])
+            assert await next_event(slow) == RESET
+            await store.put("w/after", b"")
+            assert (await events_until(slow, "w/after"))[-1].kind is EventKind.PUT
+        finally:
+            await store.close()
+
+    @pytest.mark.asyncio
+    async def test_watcher_behind_the_pruned_changelog_gets_reset(self, tmp_path: Path) -> None:
+        options = {**self.backend_options(tmp_path, ""), "changelog_retention": 4}
+        # This store never polls: it learns of the other store's changes only when it
+        # commits itself, long after they were pruned.
+        watching = await self.open_store(tmp_path, {**options, "poll_interval": 3600})
+        writing = await self.open_store(tmp_path, options)
+        try:
+            async with watching.watch("w/") as watch:
+                for i in range(10):
+                    await writing.put(f"w/{i}", b"")
+                await watching.put("w/local", b"")
+                assert await next_event(watch) == RESET
+                await watching.put("w/next", b"")
+                event = await next_event(watch)
+            assert (event.kind, event.key) == (EventKind.PUT, "w/next")
+        finally:
+            await watching.close()
+            await writing.close()
+
+    @pytest.mark.asyncio
+    async def test_changelog_keeps_only_the_newest_changes(self, tmp_path: Path) -> None:
+        options = {**self.backend_options(tmp_path, ""), "changelog_retention": 5}
+        store = await self.open_store(tmp_path, options)
+        try:
+            for i in range(20):
+                await store.put(f"k/{i}", b"")
+        finally:
+            await store.close()
+        with contextlib.closing(sqlite3.connect(options["path"])) as db:
+            ids = [row[0] for row in db.execute("SELECT id FROM changes ORDER BY id")]
+            (keys,) = db.execute("SELECT count(*) FROM kv").fetchone()
+        assert len(ids) == 5
+        assert keys == 20
+
+    @pytest.mark.asyncio
+    async def test_write_while_another_process_holds_the_lock_is_unavailable(
+        self, tmp_path: Path
+    ) -> None:
+        options = {**self.backend_options(tmp_path, ""), "busy_timeout": 0.1}
+        store = await self.open_store(tmp_path, options)
+        blocker = sqlite3.connect(options["path"], isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")
+            with pytest.raises(UnavailableError) as raised:
+                await store.put("key", b"v")
+            assert raised.value.retriable
+            assert isinstance(raised.value.__cause__, sqlite3.OperationalError)
+            blocker.execute("ROLLBACK")
+            await store.put("key", b"v")  # and it recovers once the lock is gone
+        finally:
+            blocker.close()
+            await store.close()
+
+    @pytest.mark.asyncio
+    async def test_close_deletes_the_keys_of_open_sessions(self, tmp_path: Path) -> None:
+        options = self.backend_options(tmp_path, "")
+        store = await self.open_store(tmp_path, options)
+        session = await store.open_session(10)
+        await store.put("live/key", b"", session=session)
+        await store.close()
+        assert session.lost.done()
+        assert read_value(Path(options["path"]), "live/key") is None
+
+
+def read_value(path: Path, key: str) -> bytes | None:
+    """Read ``key`` straight from the database file, bypassing the adapter."""
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+    return None if row is None else bytes(row[0])

@@ -1,0 +1,147 @@
+"""The ObjectStore contract on the local filesystem store, plus what only a filesystem has.
+
+The contract's cross-process tests (a create-if-absent race between processes, a writer
+killed mid-upload) run here too, through the inherited suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from icefloe.embedded.local_object_store import STALE_TEMP_SECONDS, LocalObjectStore
+from icefloe.errors import AlreadyExistsError, ClosedError, NotFoundError, StorageError
+from icefloe.ports.base import PortKind
+from icefloe.ports.object_store import ObjectStore
+from icefloe.testing.contract import open_backend
+from icefloe.testing.object_store_contract import ObjectStoreContract, chunks_of, keys_of
+
+
+class TestLocalObjectStore(ObjectStoreContract):
+    backend_name = "local"
+
+    def backend_options(self, workdir: Path, unique: str) -> dict[str, Any]:
+        return {"root": str(workdir / unique / "objects")}
+
+    async def backdoor_read(self, store: ObjectStore, key: str) -> bytes | None:
+        assert isinstance(store, LocalObjectStore)
+        path = store.root / key
+        return path.read_bytes() if path.is_file() else None
+
+    # --- local-only behaviour -----------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_default_root_is_objects_in_the_data_dir(self, tmp_path: Path) -> None:
+        store = await open_backend(PortKind.OBJECT_STORE, "local", tmp_path, {})
+        assert isinstance(store, LocalObjectStore)
+        try:
+            await store.put("a/b", b"x")
+        finally:
+            await store.close()
+        assert (tmp_path / "objects" / "a" / "b").read_bytes() == b"x"
+
+    @pytest.mark.asyncio
+    async def test_temporary_files_live_outside_the_root(self, store: ObjectStore) -> None:
+        assert isinstance(store, LocalObjectStore)
+        assert store.temp_dir.parent == store.root.parent
+        assert store.temp_dir.name.startswith(".")
+
+    @pytest.mark.asyncio
+    async def test_no_temporary_file_remains_after_writes(self, store: ObjectStore) -> None:
+        assert isinstance(store, LocalObjectStore)
+        await store.put("a", b"1")
+        await store.put("a", b"2")
+        with pytest.raises(AlreadyExistsError):
+            await store.put("a", b"3", if_absent=True)
+        await store.put_stream("b", chunks_of([b"4", b"5"]), if_absent=True)
+        assert list(store.temp_dir.iterdir()) == []
+
+    @pytest.mark.asyncio
+    async def test_delete_prunes_empty_folders_but_keeps_the_root(self, store: ObjectStore) -> None:
+        assert isinstance(store, LocalObjectStore)
+        await store.put("x/y/z/object", b"1")
+        await store.put("x/other", b"2")
+        await store.delete("x/y/z/object")
+        assert sorted(p.relative_to(store.root).as_posix() for p in store.root.rglob("*")) == [
+            "x",
+            "x/other",
+        ]
+        await store.delete("x/other")
+        assert store.root.is_dir()
+        assert list(store.root.iterdir()) == []
+
+    @pytest.mark.asyncio
+    async def test_concurrent_puts_and_deletes_in_one_folder_lose_no_object(
+        self, store: ObjectStore
+    ) -> None:
+        # Deletes prune folders that concurrent puts are about to write into.
+        async def churn(index: int) -> None:
+            for round_ in range(10):
+                await store.put(f"deep/folder/{index}-{round_}", b"x")
+                await store.delete(f"deep/folder/{index}-{round_}")
+            await store.put(f"deep/folder/{index}", b"kept")
+
+        await asyncio.gather(*(churn(index) for index in range(8)))
+        assert await keys_of(store, "deep/") == [f"deep/folder/{index}" for index in range(8)]
+
+    @pytest.mark.asyncio
+    async def test_a_key_that_is_a_folder_of_other_keys_cannot_be_written(
+        self, store: ObjectStore
+    ) -> None:
+        await store.put("a/b", b"x")
+        with pytest.raises(StorageError, match="folder"):
+            await store.put("a", b"y")
+        with pytest.raises(StorageError, match="folder"):
+            await store.put("a/b/c", b"y")
+        with pytest.raises(NotFoundError):
+            await store.get("a")
+        assert await store.head("a") is None
+        await store.delete("a")
+        assert await keys_of(store) == ["a/b"]
+
+    @pytest.mark.asyncio
+    async def test_a_streamed_put_counts_as_one_put(self, store: ObjectStore) -> None:
+        before = store.stats.snapshot()
+        await store.put_stream("streamed", chunks_of([b"a" * 10] * 5))
+        after = store.stats.snapshot()
+        assert after["requests"]["PUT"] - before["requests"]["PUT"] == 1
+        assert after["bytes"]["PUT"] - before["bytes"]["PUT"] == 50
+
+    @pytest.mark.asyncio
+    async def test_primitives_refuse_keys_outside_the_root(self, store: ObjectStore) -> None:
+        assert isinstance(store, LocalObjectStore)
+        # The port validates keys first; the adapter guards its paths anyway.
+        with pytest.raises(ValueError, match="outside"):
+            await store._get("../escape", 0, None)
+        with pytest.raises(ValueError, match="outside"):
+            await store._put("../escape", b"x", False)
+        assert not (store.root.parent / "escape").exists()
+
+    @pytest.mark.asyncio
+    async def test_calls_after_close_raise_closed(self, tmp_path: Path) -> None:
+        store = await self.open_store(tmp_path, self.backend_options(tmp_path, "closed"))
+        await store.close()
+        with pytest.raises(ClosedError):
+            await store.put("a", b"x")
+        with pytest.raises(ClosedError):
+            await keys_of(store)
+
+    @pytest.mark.asyncio
+    async def test_open_removes_stale_temporary_files_only(
+        self, tmp_path: Path, options: dict[str, Any]
+    ) -> None:
+        store = await self.open_store(tmp_path, options)
+        assert isinstance(store, LocalObjectStore)
+        await store.close()
+        stale, fresh = store.temp_dir / "stale.part", store.temp_dir / "fresh.part"
+        stale.write_bytes(b"left by a dead writer")
+        fresh.write_bytes(b"being written")
+        old = time.time() - STALE_TEMP_SECONDS - 60
+        os.utime(stale, (old, old))
+        await (await self.open_store(tmp_path, options)).close()
+        assert (stale.exists(), fresh.exists()) == (False, True)
