@@ -1,4 +1,4 @@
-"""Icefloe: a leaderless, Kafka-compatible streaming engine that lands topics in lakehouse tables."""
+"""Icefloe: a Kafka-compatible streaming engine that lands topics in lakehouse tables."""
 
 from __future__ import annotations
 

@@ -29,9 +29,10 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from icefloe.errors import ConfigError
+from icefloe.errors import ConfigError, IcefloeError
 from icefloe.plugins import BackendRegistry
 from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
+from icefloe.storage.options import StorageOptions
 
 ENV_PREFIX: Final = "ICEFLOE_"
 CONFIG_PATH_ENV: Final = "ICEFLOE_CONFIG"
@@ -85,6 +86,7 @@ class Config(BaseModel):
     wal: BackendSection = BackendSection(backend="object")
     tables: TablesSection = TablesSection()
     compaction: OptionalBackendSection = OptionalBackendSection()
+    storage: StorageOptions = StorageOptions()
 
     def section(self, kind: PortKind) -> BackendSection | TablesSection:
         section: BackendSection | TablesSection = getattr(self, kind.value)
@@ -188,10 +190,12 @@ def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
         if len(loc) == 1:
             return f"unknown config section or key {key!r}{_did_you_mean(key, Config.model_fields)}"
         return f"unknown config key {key!r}"
-    hint = _where(loc)
+    message = error["msg"].removeprefix("Value error, ")
     value = _lookup(data, loc)
+    if isinstance(value, Mapping):
+        return f"config section [{key}]: {message}"
     shown = f" (got {value!r})" if value is not None else ""
-    return f"config key {key}: {error['msg'].lower()}{shown}; set it in {hint}"
+    return f"config key {key}: {message.lower()}{shown}; set it in {_where(loc)}"
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -321,8 +325,8 @@ def masked(config: Config, registry: BackendRegistry | None = None) -> dict[str,
     for kind in PortKind:
         try:
             backends = resolve(config, kind, registry)
-        except Exception:
-            continue
+        except IcefloeError:
+            continue  # shown as configured; `config check` reports the error
         for backend in backends:
             # SecretStr fields serialise as asterisks in JSON mode.
             data[kind.value][backend.name] = backend.options.model_dump(mode="json")

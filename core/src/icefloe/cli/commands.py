@@ -27,7 +27,7 @@ def _load(ctx: click.Context) -> configuration.Config:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plugins(as_json: bool) -> None:
     """List installed backends per port, with distribution, version and capabilities."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for backend in BackendRegistry().installed():
         try:
             capabilities = sorted(backend.load().capabilities)

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Final, cast
 
 import pluggy
 
-from icefloe.errors import BackendNotInstalledError, ConfigError, DuplicateBackendError
+from icefloe.errors import (
+    BackendNotInstalledError,
+    ConfigError,
+    DuplicateBackendError,
+    PluginError,
+)
 from icefloe.plugins import hookspecs
 from icefloe.plugins.spec import BackendSpec
 from icefloe.ports.base import Port, PortKind
@@ -53,10 +58,36 @@ def get_plugin_manager(*, extra_plugins: Iterable[object] = ()) -> pluggy.Plugin
     """
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        dist = entry_point.dist
+        label = f"{dist.name} {dist.version}" if dist else entry_point.value
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:
+            raise PluginError(
+                f"the plugin {entry_point.name!r} of {label} cannot be loaded ({exc}); "
+                "reinstall or uninstall it"
+            ) from exc
+        if pm.is_registered(plugin):
+            continue
+        name = f"{_DIST_MARK}{dist.name}{_DIST_MARK}{dist.version}" if dist else entry_point.name
+        pm.register(plugin, name=f"{name}{_DIST_MARK}{entry_point.name}")
     for plugin in extra_plugins:
         pm.register(plugin)
     return pm
+
+
+_DIST_MARK: Final = "|"
+"""Separates distribution, version and entry-point name in a plugin's registered name."""
+
+
+def _distribution_of(pm: pluggy.PluginManager, plugin: object) -> tuple[str, str]:
+    """(distribution, version) of a plugin loaded from an entry point, else a label."""
+    name = pm.get_name(plugin) or ""
+    if name.startswith(_DIST_MARK):
+        dist_name, dist_version, _ = name[1:].split(_DIST_MARK, 2)
+        return dist_name, dist_version
+    return _plugin_label(plugin), "-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +116,8 @@ class BackendRegistry:
     def __init__(self, pm: pluggy.PluginManager | None = None) -> None:
         self._pm = pm or get_plugin_manager()
         self._backends: dict[tuple[PortKind, str], InstalledBackend] = {}
-        distributions = {id(plugin): dist for plugin, dist in self._pm.list_plugin_distinfo()}
         for impl in self._pm.hook.icefloe_register_backends.get_hookimpls():
-            dist = distributions.get(id(impl.plugin))
-            dist_name = dist.project_name if dist else _plugin_label(impl.plugin)
-            dist_version = dist.version if dist else _version_of(dist_name)
+            dist_name, dist_version = _distribution_of(self._pm, impl.plugin)
             specs = cast("list[BackendSpec] | None", impl.function())
             for spec in specs or ():
                 self._add(InstalledBackend(spec, dist_name, dist_version))
@@ -140,10 +168,3 @@ def _plugin_label(plugin: object) -> str:
     if isinstance(plugin, ModuleType):
         return plugin.__name__
     return type(plugin).__qualname__
-
-
-def _version_of(distribution: str) -> str:
-    try:
-        return version(distribution)
-    except (PackageNotFoundError, ValueError):
-        return "-"

@@ -1,0 +1,1 @@
+"""An in-memory object store: the smallest complete Icefloe plugin."""

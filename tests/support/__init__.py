@@ -1,0 +1,1 @@
+"""Shared helpers for Icefloe's own test suite (not shipped)."""

@@ -1,0 +1,186 @@
+"""Configuration: file, environment overrides, validation and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from icefloe import config as configuration
+from icefloe.config import load_config, resolve, resolve_one
+from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
+from icefloe.errors import BackendNotInstalledError, ConfigError
+from icefloe.plugins import BackendRegistry, get_plugin_manager, hookimpl
+from icefloe.plugins.spec import BackendSpec
+from icefloe.ports.base import BackendOptions, PortKind
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "icefloe.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_select_the_embedded_backends() -> None:
+    config = load_config(env={})
+    assert config.metadata.backend == "sqlite"
+    assert config.object_store.backend == "local"
+    assert config.wal.backend == "object"
+    assert config.tables.formats == []
+
+
+def test_one_line_in_the_file_selects_a_backend(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, '[metadata]\nbackend = "etcd"\n'), env={})
+    assert config.metadata.backend == "etcd"
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[metadata]\nbackend = "etcd"\n')
+    config = load_config(path, env={"ICEFLOE_METADATA__BACKEND": "oxia"})
+    assert config.metadata.backend == "oxia"
+
+
+def test_environment_values_are_parsed_as_toml_values() -> None:
+    env = {
+        "ICEFLOE_METADATA__SQLITE__POLL_INTERVAL": "0.5",
+        "ICEFLOE_TABLES__FORMATS": '["iceberg", "delta"]',
+        "ICEFLOE_DATA_DIR": "/srv/icefloe",
+    }
+    config = load_config(env=env)
+    assert config.metadata.options_for("sqlite") == {"poll_interval": 0.5}
+    assert config.tables.formats == ["iceberg", "delta"]
+    assert config.data_dir == Path("/srv/icefloe")
+
+
+def test_config_file_named_by_environment_is_read(tmp_path: Path) -> None:
+    path = write(tmp_path, 'data_dir = "elsewhere"\n')
+    assert load_config(env={"ICEFLOE_CONFIG": str(path)}).data_dir == Path("elsewhere")
+
+
+def test_resolve_validates_backend_options() -> None:
+    config = load_config(env={"ICEFLOE_METADATA__SQLITE__POLL_INTERVAL": "0.5"})
+    backend = resolve_one(config, PortKind.METADATA)
+    assert backend.name == "sqlite"
+    assert backend.options.poll_interval == 0.5  # type: ignore[attr-defined]
+
+
+def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
+    message = str(exc.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_backend_lists_the_valid_choices() -> None:
+    config = load_config(env={"ICEFLOE_METADATA__BACKEND": "etx"})
+    with pytest.raises(ConfigError) as exc:
+        resolve(config, PortKind.METADATA)
+    message = one_line(exc)
+    assert "'etx'" in message
+    assert "etcd, oxia, sqlite" in message
+    assert "ICEFLOE_METADATA__BACKEND" in message
+
+
+def test_known_backend_not_installed_gives_the_pip_install() -> None:
+    config = load_config(env={"ICEFLOE_OBJECT_STORE__BACKEND": "gcs"})
+    with pytest.raises(BackendNotInstalledError) as exc:
+        resolve(config, PortKind.OBJECT_STORE)
+    assert "pip install icefloe-store-gcs" in one_line(exc)
+
+
+def test_unknown_top_level_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, '[metadta]\nbackend = "etcd"\n'), env={})
+    message = one_line(exc)
+    assert "'metadta'" in message
+    assert "did you mean 'metadata'" in message
+
+
+def test_unknown_backend_option_names_the_key_and_valid_options() -> None:
+    config = load_config(env={"ICEFLOE_METADATA__SQLITE__POLL_INTERVALL": "1"})
+    with pytest.raises(ConfigError) as exc:
+        resolve(config, PortKind.METADATA)
+    message = one_line(exc)
+    assert "metadata.sqlite.poll_intervall" in message
+    assert "did you mean 'poll_interval'" in message
+
+
+def test_wrong_type_names_the_key_the_value_and_where_to_set_it(tmp_path: Path) -> None:
+    path = write(tmp_path, '[metadata.sqlite]\npoll_interval = "fast"\n')
+    with pytest.raises(ConfigError) as exc:
+        resolve(load_config(path, env={}), PortKind.METADATA)
+    message = one_line(exc)
+    assert "metadata.sqlite.poll_interval" in message
+    assert "'fast'" in message
+    assert "ICEFLOE_METADATA__SQLITE__POLL_INTERVAL" in message
+
+
+def test_wrong_type_of_a_core_key_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "[tables]\nformats = 3\n"), env={})
+    message = one_line(exc)
+    assert "tables.formats" in message
+    assert "3" in message
+
+
+def test_options_table_for_an_unknown_backend_is_rejected(tmp_path: Path) -> None:
+    path = write(tmp_path, '[metadata.zookeeper]\nhosts = "x"\n')
+    with pytest.raises(ConfigError) as exc:
+        resolve(load_config(path, env={}), PortKind.METADATA)
+    message = one_line(exc)
+    assert "[metadata.zookeeper]" in message
+    assert "sqlite" in message
+
+
+def test_a_scalar_where_an_options_table_belongs_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, '[metadata]\nsqlite = "x"\n'), env={})
+    assert "metadata.sqlite" in one_line(exc)
+
+
+def test_invalid_toml_is_reported_with_the_file_name(tmp_path: Path) -> None:
+    path = write(tmp_path, "[metadata\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, env={})
+    assert str(path) in one_line(exc)
+
+
+def test_missing_config_file_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(tmp_path / "nope.toml", env={})
+    assert "does not exist" in one_line(exc)
+
+
+def test_compaction_is_off_until_a_backend_is_selected() -> None:
+    config = load_config(env={})
+    assert resolve(config, PortKind.COMPACTION) == []
+    with pytest.raises(ConfigError, match="ICEFLOE_COMPACTION__BACKEND"):
+        resolve_one(config, PortKind.COMPACTION)
+
+
+class SecretOptions(BackendOptions):
+    endpoint: str = "http://127.0.0.1:1"
+    password: SecretStr = SecretStr("")
+
+
+class SecretStore(SqliteMetadataStore):
+    """A metadata adapter with a password option, registered by an in-test plugin."""
+
+    options_model = SecretOptions
+
+
+class SecretPlugin:
+    @hookimpl
+    def icefloe_register_backends(self) -> list[BackendSpec]:
+        return [BackendSpec(PortKind.METADATA, "secretive", f"{__name__}:SecretStore", "test")]
+
+
+def test_config_show_masks_secrets(tmp_path: Path) -> None:
+    registry = BackendRegistry(get_plugin_manager(extra_plugins=[SecretPlugin()]))
+    path = write(
+        tmp_path, '[metadata]\nbackend = "secretive"\n[metadata.secretive]\npassword = "hunter2"\n'
+    )
+    shown = configuration.masked(load_config(path, env={}), registry)
+    assert shown["metadata"]["secretive"]["password"] == "**********"
+    assert shown["metadata"]["secretive"]["endpoint"] == "http://127.0.0.1:1"
+    assert "hunter2" not in repr(shown)
