@@ -1,0 +1,1 @@
+"""Stream storage: WAL objects, the offset index, reads and idempotent producers."""

@@ -1,0 +1,259 @@
+"""Stream storage as a library: the same engine the broker uses, with no broker in between.
+
+Example::
+
+    from icefloe.storage import StreamStorage
+    from icefloe.storage.records import Record
+
+    async with await StreamStorage.open() as storage:     # the configuration icefloe uses
+        stream = await storage.create_stream("clicks-0")
+        first = await storage.append(stream, [Record(0, 1_700_000_000_000, b"k", b"v")])
+        for record in await storage.read_records(stream, first):
+            print(record.offset, record.key, record.value)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Self, cast
+
+import msgpack
+
+from icefloe import config as configuration
+from icefloe.errors import ConflictError, NotFoundError
+from icefloe.ports.base import OpenContext, Port, PortKind
+from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
+from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.wal import WAL
+from icefloe.storage import keys
+from icefloe.storage.batch import Compression, read_header, split_and_validate
+from icefloe.storage.index_reader import IndexReader
+from icefloe.storage.options import StorageOptions
+from icefloe.storage.orphans import OrphanCollector
+from icefloe.storage.producers import ProducerStates
+from icefloe.storage.reader import ReadResult, StreamReader
+from icefloe.storage.recent import RecentWalObjects
+from icefloe.storage.records import Record, build_batch, decode_batch
+from icefloe.storage.writer import ValidBatch, WalWriter
+
+STREAM_NAMES = "stream-names/"
+
+
+class StreamStorage:
+    """Append to and read from streams; see the module docstring for an example."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        wal: WAL,
+        options: StorageOptions,
+        *,
+        owned: Sequence[Port] = (),
+    ) -> None:
+        self.metadata = metadata
+        self.wal = wal
+        self.options = options
+        self._owned = list(owned)
+        self.index = IndexReader(metadata, options.index_cache_entries)
+        self._recent = RecentWalObjects(options.wal_cache_bytes)
+        self.producers = ProducerStates(metadata, self.index, options.commit_deadline_s)
+        self._writer = WalWriter(wal, metadata, self.index, options, self._recent, self.producers)
+        self._reader = StreamReader(wal, self.index, self._recent)
+        self._orphans = OrphanCollector(wal, metadata, options.orphan_grace_s)
+
+    @classmethod
+    async def open(
+        cls,
+        config: configuration.Config | None = None,
+        *,
+        config_path: str | os.PathLike[str] | None = None,
+    ) -> Self:
+        """Open the metadata store, object store and WAL the configuration selects.
+
+        Args:
+            config: A loaded configuration; by default read as ``icefloe`` reads it
+                (``ICEFLOE_CONFIG``, ``ICEFLOE_*`` environment variables, defaults).
+            config_path: A TOML file to read instead of ``ICEFLOE_CONFIG``.
+        """
+        config = config or configuration.load_config(config_path)
+        opened: list[Port] = []
+        try:
+            context = OpenContext(data_dir=Path(config.data_dir))
+            metadata = await _open(config, PortKind.METADATA, context, opened)
+            store = await _open(config, PortKind.OBJECT_STORE, context, opened)
+            context = OpenContext(data_dir=context.data_dir, object_store=cast(ObjectStore, store))
+            wal = await _open(config, PortKind.WAL, context, opened)
+            storage = cls(
+                cast(MetadataStore, metadata),
+                cast(WAL, wal),
+                config.storage,
+                owned=list(reversed(opened)),
+            )
+            await storage.start()
+            return storage
+        except BaseException:
+            for port in reversed(opened):
+                with contextlib.suppress(Exception):
+                    await port.close()
+            raise
+
+    async def start(self) -> None:
+        """Follow index notifications (cache invalidation, long polls)."""
+        await self.index.start()
+
+    async def close(self) -> None:
+        """Commit what is buffered, stop background work, close the ports this opened."""
+        await self._writer.close()
+        await self.index.close()
+        for port in self._owned:
+            await port.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    # --- streams ----------------------------------------------------------------------------
+
+    async def create_stream(self, name: str) -> int:
+        """Create a stream named ``name`` and return its id.
+
+        Raises:
+            ConflictError: a stream with that name exists.
+        """
+        stream_id = await self._next_stream_id()
+        record = msgpack.packb({"name": name, "created_ms": int(time.time() * 1000)})
+        await self.metadata.put(
+            STREAM_NAMES + name, str(stream_id).encode(), expected_version=MUST_NOT_EXIST
+        )
+        await self.metadata.put(keys.stream_record(stream_id), record)
+        return stream_id
+
+    async def stream_id(self, name: str) -> int:
+        """The id of the stream ``name``.
+
+        Raises:
+            NotFoundError: no such stream.
+        """
+        record = await self.metadata.get(STREAM_NAMES + name)
+        if record is None:
+            raise NotFoundError(f"no stream named {name!r}")
+        return int(record.value)
+
+    async def _next_stream_id(self) -> int:
+        key = keys.counter("stream-id")
+        while True:
+            record = await self.metadata.get(key)
+            next_id = int(record.value) + 1 if record else 1
+            try:
+                await self.metadata.put(
+                    key,
+                    str(next_id).encode(),
+                    expected_version=record.version if record else MUST_NOT_EXIST,
+                )
+                return next_id
+            except ConflictError:
+                continue
+
+    # --- writing ----------------------------------------------------------------------------
+
+    async def append_batches(self, stream_id: int, data: bytes | memoryview) -> int:
+        """Append Kafka v2 record batches exactly as received; return the first offset.
+
+        Raises:
+            BatchError: a batch is invalid; its ``error_code`` is the Kafka error to return.
+        """
+        view = memoryview(data)
+        infos = split_and_validate(view, max_batch_bytes=self.options.max_batch_bytes)
+        valid = [
+            ValidBatch(
+                data=view[info.position : info.position + info.size],
+                record_count=info.record_count,
+                producer_id=info.producer_id,
+                producer_epoch=info.producer_epoch,
+                base_sequence=info.base_sequence,
+            )
+            for info in infos
+        ]
+        return await self._writer.append(stream_id, valid)
+
+    async def append(
+        self,
+        stream_id: int,
+        records: Sequence[Record],
+        *,
+        compression: Compression = Compression.NONE,
+    ) -> int:
+        """Append records as one batch; return the offset of the first.
+
+        Record offsets are ignored (the stream assigns them); timestamps are kept.
+        """
+        if not records:
+            raise ValueError("append needs at least one record")
+        numbered = [r._replace(offset=i) for i, r in enumerate(records)]
+        return await self.append_batches(stream_id, build_batch(numbered, compression=compression))
+
+    async def flush(self) -> None:
+        """Seal and commit everything buffered now."""
+        await self._writer.flush()
+
+    async def allocate_producer_id(self) -> int:
+        return await self.producers.allocate_producer_id()
+
+    # --- reading ----------------------------------------------------------------------------
+
+    async def read(self, stream_id: int, offset: int, max_bytes: int = 1 << 20) -> ReadResult:
+        """Record batches from ``offset``, base offsets patched; see :meth:`StreamReader.read`."""
+        return await self._reader.read(stream_id, offset, max_bytes)
+
+    async def read_records(
+        self, stream_id: int, offset: int, max_bytes: int = 1 << 20
+    ) -> list[Record]:
+        """Decoded records from ``offset`` on (records before ``offset`` in the first batch are
+        dropped)."""
+        result = await self.read(stream_id, offset, max_bytes)
+        return [r for r in _decode_all(result.data) if r.offset >= offset]
+
+    async def log_end(self, stream_id: int) -> int:
+        return await self.index.log_end(stream_id)
+
+    async def log_start(self, stream_id: int) -> int:
+        return await self.index.log_start(stream_id)
+
+    async def offset_for_timestamp(self, stream_id: int, timestamp_ms: int) -> int | None:
+        """The earliest offset whose timestamp is at or after ``timestamp_ms``."""
+        return await self._reader.offset_for_timestamp(stream_id, timestamp_ms)
+
+    async def wait_for_data(self, positions: Iterable[tuple[int, int]], max_wait: float) -> bool:
+        """Wait until any ``(stream, offset)`` has data, for at most ``max_wait`` seconds."""
+        return await self.index.wait_for_data(positions, max_wait)
+
+    # --- maintenance ------------------------------------------------------------------------
+
+    async def collect_orphans(self) -> list[str]:
+        """Delete WAL objects that were never committed and are older than the grace period."""
+        return await self._orphans.collect()
+
+
+def _decode_all(data: bytes) -> list[Record]:
+    out: list[Record] = []
+    view = memoryview(data)
+    position = 0
+    while position < len(view):
+        size = read_header(view, position).size
+        out.extend(decode_batch(view[position : position + size])[1])
+        position += size
+    return out
+
+
+async def _open(
+    config: configuration.Config, kind: PortKind, context: OpenContext, opened: list[Port]
+) -> Port:
+    port = await configuration.resolve_one(config, kind).open(context)
+    opened.append(port)
+    return port

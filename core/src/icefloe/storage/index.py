@@ -1,0 +1,147 @@
+"""Offset-index entries: what one committed chunk of a stream holds and where its bytes are.
+
+An entry covers offsets ``[start, end)``. Its key (see :mod:`icefloe.storage.keys`) carries the
+end offset and the stream's cumulative size; the value, encoded with msgpack, carries the rest.
+The start offset is not stored: it is ``end - record_count``, because the key is assigned by the
+metadata store's sequenced append only after the value has been written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+
+from icefloe.errors import CorruptDataError
+from icefloe.storage import keys
+
+FORMAT_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRef:
+    """One record batch inside a chunk: enough to seek without reading the chunk."""
+
+    offset_delta: int
+    """First offset of the batch minus the entry's start offset."""
+    position: int
+    """Byte position of the batch within the chunk."""
+    length: int
+    record_count: int
+    max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerBatch:
+    """An idempotent producer's batch inside a chunk, for duplicate detection on any process."""
+
+    producer_id: int
+    producer_epoch: int
+    first_sequence: int
+    last_sequence: int
+    offset_delta: int
+    """First offset of the batch minus the entry's start offset."""
+    record_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class WalLocation:
+    """A chunk of a WAL object: one ranged read of ``[position, position + length)``."""
+
+    ref: str
+    position: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    stream_id: int
+    end: int
+    cumulative_size: int
+    record_count: int
+    location: WalLocation
+    min_timestamp: int
+    max_timestamp: int
+    created_ms: int
+    batches: tuple[BatchRef, ...]
+    producers: tuple[ProducerBatch, ...] = field(default=())
+
+    @property
+    def start(self) -> int:
+        return self.end - self.record_count
+
+    @property
+    def size(self) -> int:
+        return self.location.length
+
+    def batches_from(self, offset: int) -> tuple[BatchRef, ...]:
+        """The batches holding ``offset`` and everything after it within this entry."""
+        delta = offset - self.start
+        for i, batch in enumerate(self.batches):
+            if batch.offset_delta + batch.record_count > delta:
+                return self.batches[i:]
+        return ()
+
+
+def encode_value(
+    *,
+    record_count: int,
+    location: WalLocation,
+    min_timestamp: int,
+    max_timestamp: int,
+    created_ms: int,
+    batches: tuple[BatchRef, ...],
+    producers: tuple[ProducerBatch, ...] = (),
+) -> bytes:
+    """The index value of a WAL chunk (the key is assigned when it is appended)."""
+    payload: dict[str, Any] = {
+        "v": FORMAT_VERSION,
+        "n": record_count,
+        "wal": [location.ref, location.position, location.length],
+        "ts": [min_timestamp, max_timestamp],
+        "at": created_ms,
+        "b": [
+            [b.offset_delta, b.position, b.length, b.record_count, b.max_timestamp] for b in batches
+        ],
+    }
+    if producers:
+        payload["p"] = [
+            [
+                p.producer_id,
+                p.producer_epoch,
+                p.first_sequence,
+                p.last_sequence,
+                p.offset_delta,
+                p.record_count,
+            ]
+            for p in producers
+        ]
+    return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode(key: str, value: bytes) -> IndexEntry:
+    """Parse an index record; raises :class:`CorruptDataError` if it is not one."""
+    try:
+        stream_id, end, cumulative = keys.parse_index_key(key)
+        payload = msgpack.unpackb(value, raw=False)
+        if payload.get("v") != FORMAT_VERSION:
+            raise CorruptDataError(f"index entry {key!r} has unknown version {payload.get('v')!r}")
+        ref, position, length = payload["wal"]
+        min_ts, max_ts = payload["ts"]
+        return IndexEntry(
+            stream_id=stream_id,
+            end=end,
+            cumulative_size=cumulative,
+            record_count=payload["n"],
+            location=WalLocation(ref, position, length),
+            min_timestamp=min_ts,
+            max_timestamp=max_ts,
+            created_ms=payload["at"],
+            batches=tuple(BatchRef(*b) for b in payload["b"]),
+            producers=tuple(ProducerBatch(*p) for p in payload.get("p", ())),
+        )
+    except CorruptDataError:
+        raise
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptDataError(f"index entry {key!r} cannot be decoded: {exc}") from exc

@@ -1,0 +1,250 @@
+"""Finding offsets: index look-ups with a cache kept fresh by notifications, and long polls.
+
+Index entries are immutable once appended (compaction replaces them under new keys and deletes
+the old ones), so a cached entry is valid until a DELETE notification or a RESET evicts it. The
+cache is never trusted for *absence*: an offset at or beyond what the cache knows is always
+looked up in the metadata store, so a read after a produce acknowledgement sees the records
+even before the notification arrives (read-your-writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from icefloe.ports.metadata import EventKind, MetadataStore, Watch, WatchEvent
+from icefloe.storage import index, keys
+from icefloe.storage.index import IndexEntry
+
+log = logging.getLogger(__name__)
+
+
+class _StreamCache:
+    """Cached entries of one stream, sorted by end offset, and the highest end seen."""
+
+    __slots__ = ("ends", "entries", "known_end")
+
+    def __init__(self) -> None:
+        self.ends: list[int] = []
+        self.entries: list[IndexEntry] = []
+        self.known_end = 0
+
+    def find(self, offset: int) -> IndexEntry | None:
+        """The cached entry holding ``offset``, if any."""
+        i = bisect.bisect_right(self.ends, offset)
+        if i < len(self.entries) and self.entries[i].start <= offset:
+            return self.entries[i]
+        return None
+
+    def add(self, entry: IndexEntry) -> bool:
+        i = bisect.bisect_left(self.ends, entry.end)
+        if i < len(self.ends) and self.ends[i] == entry.end:
+            return False
+        self.ends.insert(i, entry.end)
+        self.entries.insert(i, entry)
+        self.known_end = max(self.known_end, entry.end)
+        return True
+
+    def evict_end(self, end: int) -> bool:
+        i = bisect.bisect_left(self.ends, end)
+        if i < len(self.ends) and self.ends[i] == end:
+            del self.ends[i]
+            del self.entries[i]
+            return True
+        return False
+
+
+class IndexReader:
+    """Look-ups in every stream's offset index, for one process.
+
+    Call :meth:`start` to follow notifications (cache invalidation and long polls) and
+    :meth:`close` when done.
+    """
+
+    def __init__(self, metadata: MetadataStore, cache_entries: int = 100_000) -> None:
+        self._metadata = metadata
+        self._capacity = cache_entries
+        self._streams: OrderedDict[int, _StreamCache] = OrderedDict()
+        self._cached = 0
+        self._waiters: dict[int, set[asyncio.Event]] = {}
+        self._watch: Watch | None = None
+        self._follower: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._watch = await self._metadata.watch(keys.STREAMS)
+        self._follower = asyncio.create_task(self._follow(self._watch), name="index-notifications")
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+        self._wake_all()
+
+    # --- look-ups -------------------------------------------------------------------------
+
+    async def entry_for(self, stream_id: int, offset: int) -> IndexEntry | None:
+        """The entry holding ``offset``, else the first entry after it, else ``None``.
+
+        The first entry after ``offset`` is returned when ``offset`` lies before the log start
+        (or in a hole left by retention), so callers can tell "too old" from "not yet written".
+        """
+        cache = self._streams.get(stream_id)
+        if cache is not None:
+            self._streams.move_to_end(stream_id)
+            hit = cache.find(offset)
+            if hit is not None:
+                return hit
+        record = await self._metadata.ceiling(keys.index_search_key(stream_id, offset + 1))
+        first, last = keys.index_range(stream_id)
+        if record is None or not first <= record.key < last:
+            return None
+        entry = index.decode(record.key, record.value)
+        self.remember(entry)
+        return entry
+
+    async def entries_from(self, stream_id: int, offset: int, limit: int) -> list[IndexEntry]:
+        """Up to ``limit`` consecutive entries, starting with the one holding ``offset``."""
+        result: list[IndexEntry] = []
+        while len(result) < limit:
+            entry = await self.entry_for(stream_id, offset)
+            if entry is None:
+                break
+            result.append(entry)
+            offset = entry.end
+        return result
+
+    async def log_end(self, stream_id: int) -> int:
+        """The log end offset (high watermark), read from the metadata store."""
+        entry = await self.last_entry(stream_id)
+        return 0 if entry is None else entry.end
+
+    async def last_entry(self, stream_id: int) -> IndexEntry | None:
+        first, last = keys.index_range(stream_id)
+        record = await self._metadata.floor(last)
+        if record is None or not first <= record.key < last:
+            return None
+        entry = index.decode(record.key, record.value)
+        self.remember(entry)
+        return entry
+
+    async def first_entry(self, stream_id: int) -> IndexEntry | None:
+        first, last = keys.index_range(stream_id)
+        record = await self._metadata.ceiling(first)
+        if record is None or not first <= record.key < last:
+            return None
+        entry = index.decode(record.key, record.value)
+        self.remember(entry)
+        return entry
+
+    async def log_start(self, stream_id: int) -> int:
+        """The first offset still in the index (0 until retention removes entries)."""
+        entry = await self.first_entry(stream_id)
+        if entry is None:
+            return await self.log_end(stream_id)
+        return entry.start
+
+    async def scan(self, stream_id: int, after_end: int = 0) -> list[IndexEntry]:
+        """Every entry whose end offset is greater than ``after_end``, in order."""
+        _, last = keys.index_range(stream_id)
+        records = await self._metadata.scan(keys.index_search_key(stream_id, after_end + 1), last)
+        return [index.decode(r.key, r.value) for r in records]
+
+    def remember(self, entry: IndexEntry) -> None:
+        """Add an entry to the cache (the writer calls this for its own commits)."""
+        if self._capacity == 0:
+            return
+        cache = self._streams.get(entry.stream_id)
+        if cache is None:
+            cache = self._streams[entry.stream_id] = _StreamCache()
+        self._streams.move_to_end(entry.stream_id)
+        if cache.add(entry):
+            self._cached += 1
+            self._shrink()
+        self._wake(entry.stream_id)
+
+    def _shrink(self) -> None:
+        # Evict the least recently used streams' oldest entries first.
+        while self._cached > self._capacity and self._streams:
+            stream_id, cache = next(iter(self._streams.items()))
+            if cache.entries:
+                cache.evict_end(cache.ends[0])
+                self._cached -= 1
+            if not cache.entries:
+                del self._streams[stream_id]
+
+    # --- waiting for new data ---------------------------------------------------------------
+
+    async def wait_for_data(self, positions: Iterable[tuple[int, int]], max_wait: float) -> bool:
+        """Wait until any stream has data at or beyond its offset, or ``max_wait`` seconds.
+
+        Args:
+            positions: ``(stream id, offset)`` pairs: "wake me when ``offset`` exists".
+            max_wait: Seconds to wait at most.
+
+        Returns:
+            Whether data arrived for at least one stream (``False`` on timeout).
+        """
+        positions = list(positions)
+        event = asyncio.Event()
+        for stream_id, _ in positions:
+            self._waiters.setdefault(stream_id, set()).add(event)
+        try:
+            # Registered first, checked second: a commit between the two still wakes us.
+            for stream_id, offset in positions:
+                if await self.entry_for(stream_id, offset) is not None:
+                    return True
+            try:
+                await asyncio.wait_for(event.wait(), max_wait)
+            except TimeoutError:
+                return False
+            return True
+        finally:
+            for stream_id, _ in positions:
+                waiters = self._waiters.get(stream_id)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[stream_id]
+
+    def _wake(self, stream_id: int) -> None:
+        for event in self._waiters.get(stream_id, ()):
+            event.set()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for event in waiters:
+                event.set()
+
+    # --- notifications --------------------------------------------------------------------
+
+    async def _follow(self, watch: Watch) -> None:
+        async for event in watch:
+            try:
+                self._apply(event)
+            except Exception:  # a bad key must not stop cache invalidation
+                log.exception("ignoring index notification %r", event)
+
+    def _apply(self, event: WatchEvent) -> None:
+        if event.kind is EventKind.RESET:
+            # Changes were missed: forget everything and let waiters re-check the store.
+            self._streams.clear()
+            self._cached = 0
+            self._wake_all()
+            return
+        if event.key is None or not keys.is_index_key(event.key):
+            return
+        stream_id, end, _ = keys.parse_index_key(event.key)
+        cache = self._streams.get(stream_id)
+        if event.kind is EventKind.DELETE:
+            if cache is not None and cache.evict_end(end):
+                self._cached -= 1
+        elif cache is not None:
+            cache.known_end = max(cache.known_end, end)
+        self._wake(stream_id)

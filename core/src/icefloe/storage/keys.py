@@ -1,0 +1,73 @@
+"""The metadata keyspace of stream storage, in one place.
+
+Everything about one stream lives under ``streams/<id>/`` so that adapters which shard by parent
+path keep a stream's keys together. The offset index is the sequence
+``streams/<id>/index`` whose keys carry two components, (offset end, cumulative size):
+
+    streams/000000000042/index-00000000000000001000-00000000000000524288
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from icefloe.ports.metadata import sequence_components, sequence_key, sequence_upper_bound
+
+STREAM_ID_WIDTH: Final = 12
+STREAMS: Final = "streams/"
+COUNTERS: Final = "counters/"
+
+
+def stream_dir(stream_id: int) -> str:
+    return f"{STREAMS}{stream_id:0{STREAM_ID_WIDTH}d}"
+
+
+def stream_record(stream_id: int) -> str:
+    """The stream's own record (name, creation time)."""
+    return f"{stream_dir(stream_id)}/stream"
+
+
+def index_sequence(stream_id: int) -> str:
+    """The sequence prefix of the stream's offset index."""
+    return f"{stream_dir(stream_id)}/index"
+
+
+def index_key(stream_id: int, end_offset: int, cumulative_size: int) -> str:
+    return sequence_key(index_sequence(stream_id), (end_offset, cumulative_size))
+
+
+def index_search_key(stream_id: int, end_offset: int) -> str:
+    """The least possible key of an entry whose end offset is ``end_offset``.
+
+    ``ceiling(index_search_key(s, x + 1))`` is the first entry with end > x, the one that
+    holds offset x.
+    """
+    return sequence_key(index_sequence(stream_id), (end_offset,))
+
+
+def index_range(stream_id: int) -> tuple[str, str]:
+    """[start, end) bounds that scan exactly the stream's index entries."""
+    prefix = index_sequence(stream_id)
+    return prefix + "-", sequence_upper_bound(prefix)
+
+
+def parse_index_key(key: str) -> tuple[int, int, int]:
+    """(stream id, end offset, cumulative size) of an index key."""
+    directory, _, leaf = key.rpartition("/")
+    stream_id = int(directory[len(STREAMS) :])
+    end, cumulative = sequence_components("index", leaf)
+    return stream_id, end, cumulative
+
+
+def is_index_key(key: str) -> bool:
+    return key.startswith(STREAMS) and "/index-" in key
+
+
+def producer_state(stream_id: int, producer_id: int) -> str:
+    """An idempotent producer's sequence state on the stream."""
+    return f"{stream_dir(stream_id)}/producers/{producer_id}"
+
+
+def counter(name: str) -> str:
+    """A compare-and-set counter (stream ids, producer-id blocks)."""
+    return f"{COUNTERS}{name}"

@@ -1,0 +1,69 @@
+"""The ``[storage]`` configuration section: flush profiles, memory limits, grace periods."""
+
+from __future__ import annotations
+
+import enum
+from typing import Final, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class FlushProfile(enum.StrEnum):
+    COST = "cost"
+    """Few, large WAL objects: object-store requests dominate the bill."""
+    LATENCY = "latency"
+    """Small, frequent WAL objects: the produce acknowledgement comes sooner."""
+
+
+PROFILES: Final[dict[FlushProfile, tuple[int, float]]] = {
+    FlushProfile.COST: (4 << 20, 0.200),
+    FlushProfile.LATENCY: (512 << 10, 0.005),
+}
+"""(flush size in bytes, flush interval in seconds) of each profile."""
+
+
+class StorageOptions(BaseModel):
+    """How the stream storage engine buffers, caches and cleans up."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: FlushProfile = FlushProfile.COST
+    flush_bytes: int | None = Field(default=None, gt=0)
+    """Seal a WAL object once this many bytes are buffered (default: from the profile)."""
+    flush_interval_ms: float | None = Field(default=None, gt=0)
+    """Seal a WAL object at most this long after its first append (default: from the profile)."""
+    max_buffered_bytes: int = Field(default=64 << 20, gt=0)
+    """Bytes accepted but not yet committed; past it, appends wait (back-pressure)."""
+    max_inflight_flushes: int = Field(default=4, ge=1)
+    max_batch_bytes: int = Field(default=1 << 20, gt=0)
+    """Largest record batch accepted (Kafka's ``message.max.bytes``)."""
+    wal_cache_bytes: int = Field(default=64 << 20, ge=0)
+    """This process's recent WAL objects kept in memory for reads."""
+    index_cache_entries: int = Field(default=100_000, ge=0)
+    """Offset-index entries cached across all streams."""
+    commit_deadline_s: float = Field(default=60.0, gt=0)
+    """A WAL object older than this is never committed to the index (the produce fails)."""
+    orphan_grace_s: float = Field(default=600.0, gt=0)
+    """Unreferenced WAL objects older than this are deleted. Must exceed the commit deadline."""
+
+    @property
+    def effective_flush_bytes(self) -> int:
+        return self.flush_bytes or PROFILES[self.profile][0]
+
+    @property
+    def effective_flush_interval(self) -> float:
+        """Seconds."""
+        if self.flush_interval_ms is not None:
+            return self.flush_interval_ms / 1000
+        return PROFILES[self.profile][1]
+
+    @model_validator(mode="after")
+    def _grace_exceeds_deadline(self) -> Self:
+        # The orphan collector relies on it: a WAL object older than the grace period can no
+        # longer gain an index entry.
+        if self.orphan_grace_s <= self.commit_deadline_s:
+            raise ValueError(
+                f"orphan_grace_s ({self.orphan_grace_s}) must exceed "
+                f"commit_deadline_s ({self.commit_deadline_s})"
+            )
+        return self

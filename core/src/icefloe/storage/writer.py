@@ -1,0 +1,325 @@
+"""The write path: buffer appends from every stream, seal one WAL object, commit, acknowledge.
+
+One :class:`WalWriter` per process buffers the appends of all streams. A flush (by size or by
+time, whichever comes first) seals the buffered batches into one WAL object, chunked by stream.
+Once the WAL append is durable, each chunk gets one index entry by sequenced append; only then
+are the waiting appends completed with their base offsets. Commits happen in flush order, so
+offsets follow the order in which appends were accepted.
+
+Bytes accepted but not yet committed are bounded by ``max_buffered_bytes``; past it, appends
+wait (back-pressure), so a slow WAL or metadata store never turns into unbounded memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from icefloe.errors import IcefloeError, UnavailableError
+from icefloe.ports.metadata import MetadataStore
+from icefloe.ports.wal import WAL
+from icefloe.storage import index, keys, walformat
+from icefloe.storage.index import BatchRef, IndexEntry, ProducerBatch, WalLocation
+from icefloe.storage.index_reader import IndexReader
+from icefloe.storage.locks import KeyedLocks
+from icefloe.storage.options import StorageOptions
+from icefloe.storage.producers import Claim, Duplicate, ProducerStates
+from icefloe.storage.recent import RecentWalObjects
+
+log = logging.getLogger(__name__)
+
+
+class CommitDeadlineExceeded(UnavailableError):
+    """The WAL object or producer claim got too old to be committed; the append failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidBatch:
+    """A validated Kafka record batch and the header facts the writer needs."""
+
+    data: memoryview
+    record_count: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass(eq=False)
+class _Append:
+    stream_id: int
+    batches: Sequence[ValidBatch]
+    claim: Claim | None
+    future: asyncio.Future[int]
+    record_count: int = 0
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        self.record_count = sum(b.record_count for b in self.batches)
+        self.size = sum(b.size for b in self.batches)
+
+
+@dataclass(eq=False)
+class _Flush:
+    appends: list[_Append] = field(default_factory=list)
+    size: int = 0
+
+
+class WalWriter:
+    """Buffers appends of every stream and commits them through the WAL and the index."""
+
+    def __init__(
+        self,
+        wal: WAL,
+        metadata: MetadataStore,
+        index_reader: IndexReader,
+        options: StorageOptions,
+        recent: RecentWalObjects,
+        producers: ProducerStates,
+    ) -> None:
+        self._wal = wal
+        self._producers = producers
+        self._ordering = KeyedLocks()
+        self._metadata = metadata
+        self._index = index_reader
+        self._options = options
+        self._recent = recent
+        self._flush_bytes = options.effective_flush_bytes
+        self._interval = options.effective_flush_interval
+        self._buffer = _Flush()
+        self._timer: asyncio.TimerHandle | None = None
+        self._outstanding = 0  # bytes accepted and not yet completed
+        self._space = asyncio.Condition()
+        self._inflight = asyncio.Semaphore(options.max_inflight_flushes)
+        self._previous_commit: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def append(self, stream_id: int, batches: Sequence[ValidBatch]) -> int:
+        """Append validated batches to a stream; return the first offset once committed.
+
+        Appends to one stream are committed in the order of the calls. A batch from an
+        idempotent producer (it must then be the only batch) is checked against the producer's
+        sequence state first; a retried batch returns its original offset without being
+        written again. Waits while ``max_buffered_bytes`` of uncommitted data are held.
+
+        Raises:
+            ProducerError: the Kafka sequence rules reject the batch.
+            ClaimPending: the same batch is being written by another process (retriable).
+            UnavailableError: the WAL or the metadata store failed (retriable).
+        """
+        if self._closed:
+            raise IcefloeError("the stream writer is closed")
+        idempotent = [b for b in batches if b.producer_id >= 0 and b.base_sequence >= 0]
+        if idempotent and len(batches) != 1:
+            raise ValueError("an idempotent producer's append must hold exactly one batch")
+        async with self._ordering.hold(stream_id):  # FIFO: call order is buffer order
+            claim = None
+            if idempotent:
+                batch = idempotent[0]
+                outcome = await self._producers.claim(
+                    stream_id,
+                    batch.producer_id,
+                    batch.producer_epoch,
+                    batch.base_sequence,
+                    batch.base_sequence + batch.record_count - 1,
+                )
+                if isinstance(outcome, Duplicate):
+                    return outcome.first_offset
+                claim = outcome
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            pending = _Append(stream_id, batches, claim, future)
+            await self._reserve(pending.size)
+            self._buffer.appends.append(pending)
+            self._buffer.size += pending.size
+            if self._buffer.size >= self._flush_bytes:
+                self._start_flush()
+            elif self._timer is None:
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_later(self._interval, self._start_flush)
+        return await future
+
+    async def flush(self) -> None:
+        """Seal what is buffered now and wait until every flush so far has committed."""
+        self._start_flush()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Flush and commit everything buffered, then refuse further appends."""
+        self._closed = True
+        await self.flush()
+
+    # --- buffering --------------------------------------------------------------------------
+
+    async def _reserve(self, size: int) -> None:
+        async with self._space:
+            # An append larger than the whole budget still goes through when nothing else is
+            # outstanding; otherwise it could never be written.
+            await self._space.wait_for(
+                lambda: (
+                    self._outstanding == 0
+                    or self._outstanding + size <= self._options.max_buffered_bytes
+                )
+            )
+            self._outstanding += size
+
+    async def _release(self, size: int) -> None:
+        async with self._space:
+            self._outstanding -= size
+            self._space.notify_all()
+
+    def _start_flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._buffer.appends:
+            return
+        flush, self._buffer = self._buffer, _Flush()
+        loop = asyncio.get_running_loop()
+        previous = self._previous_commit
+        committed: asyncio.Future[None] = loop.create_future()
+        self._previous_commit = committed
+        task = asyncio.create_task(self._run(flush, previous, committed), name="wal-flush")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- flushing ---------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        flush: _Flush,
+        previous: asyncio.Future[None] | None,
+        committed: asyncio.Future[None],
+    ) -> None:
+        try:
+            async with self._inflight:
+                try:
+                    sealed = await self._write(flush)
+                except Exception as exc:  # noqa: BLE001 - every failure must reach the appends
+                    sealed = None
+                    _fail(flush.appends, exc)
+                # Commits go in flush order even when WAL writes finish out of order.
+                if previous is not None:
+                    await asyncio.shield(previous)
+                if sealed is not None:
+                    await self._commit(sealed)
+        finally:
+            committed.set_result(None)
+            await self._release(flush.size)
+
+    async def _write(self, flush: _Flush) -> _Sealed:
+        by_stream: dict[int, list[_Append]] = {}
+        for pending in flush.appends:
+            by_stream.setdefault(pending.stream_id, []).append(pending)
+        chunks = [
+            walformat.ChunkInput(
+                stream_id=stream_id,
+                batches=[b.data for p in appends for b in p.batches],
+            )
+            for stream_id, appends in sorted(by_stream.items())
+        ]
+        created = time.time()
+        encoded = walformat.encode_wal_object(chunks, created_ms=int(created * 1000))
+        ref = await self._wal.append(encoded.data)
+        self._recent.add(ref, encoded.data)
+        return _Sealed(ref, created, by_stream, encoded.chunks)
+
+    async def _commit(self, sealed: _Sealed) -> None:
+        results = await asyncio.gather(
+            *(
+                self._commit_chunk(sealed, placement, sealed.by_stream[placement.entry.stream_id])
+                for placement in sealed.placements
+            ),
+            return_exceptions=True,
+        )
+        for placement, result in zip(sealed.placements, results, strict=True):
+            appends = sealed.by_stream[placement.entry.stream_id]
+            if isinstance(result, BaseException):
+                _fail(appends, result)
+                continue
+            offset = result.start
+            for pending in appends:
+                if not pending.future.done():
+                    pending.future.set_result(offset)
+                offset += pending.record_count
+
+    async def _commit_chunk(
+        self, sealed: _Sealed, chunk: walformat.EncodedChunk, appends: list[_Append]
+    ) -> IndexEntry:
+        now = time.time()
+        if now - sealed.created > self._options.commit_deadline_s or any(
+            p.claim is not None and now > p.claim.deadline for p in appends
+        ):
+            raise CommitDeadlineExceeded(
+                f"WAL object {sealed.ref} was not committed within "
+                f"{self._options.commit_deadline_s}s (storage.commit_deadline_s); retry"
+            )
+        placement = chunk.entry
+        value = index.encode_value(
+            record_count=placement.record_count,
+            location=WalLocation(sealed.ref, placement.position, placement.length),
+            min_timestamp=placement.min_timestamp,
+            max_timestamp=placement.max_timestamp,
+            created_ms=int(now * 1000),
+            batches=tuple(
+                BatchRef(b.offset_delta, b.position, b.length, b.record_count, b.max_timestamp)
+                for b in chunk.batches
+            ),
+            producers=_producer_batches(appends),
+        )
+        record = await self._metadata.append_sequence(
+            keys.index_sequence(placement.stream_id),
+            value,
+            (placement.record_count, placement.length),
+        )
+        entry = index.decode(record.key, record.value)
+        self._index.remember(entry)
+        return entry
+
+
+@dataclass(frozen=True, slots=True)
+class _Sealed:
+    ref: str
+    created: float
+    by_stream: dict[int, list[_Append]]
+    placements: tuple[walformat.EncodedChunk, ...]
+
+
+def _producer_batches(appends: list[_Append]) -> tuple[ProducerBatch, ...]:
+    """The idempotent-producer batches of a chunk, with their offset deltas within it."""
+    producers = []
+    delta = 0
+    for pending in appends:
+        for batch in pending.batches:
+            if batch.producer_id >= 0 and batch.base_sequence >= 0:
+                producers.append(
+                    ProducerBatch(
+                        batch.producer_id,
+                        batch.producer_epoch,
+                        batch.base_sequence,
+                        batch.base_sequence + batch.record_count - 1,
+                        delta,
+                        batch.record_count,
+                    )
+                )
+            delta += batch.record_count
+    return tuple(producers)
+
+
+def _fail(appends: Sequence[_Append], exc: BaseException) -> None:
+    if not isinstance(exc, IcefloeError):
+        log.error("stream write failed", exc_info=exc)
+        exc = UnavailableError(f"stream write failed: {exc}")
+    for pending in appends:
+        if not pending.future.done():
+            pending.future.set_exception(exc)
+        with contextlib.suppress(asyncio.InvalidStateError):
+            pending.future.exception()  # marks it retrieved if nobody awaits it any more

@@ -1,0 +1,169 @@
+"""Stream storage used as a library, on the embedded backends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from icefloe.errors import ConflictError, NotFoundError
+from icefloe.storage.batch import BatchError, Compression
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.reader import OffsetOutOfRange
+from icefloe.storage.records import Record, build_batch
+
+
+def records(n: int, *, start_ts: int = 1_700_000_000_000, tag: str = "r") -> list[Record]:
+    return [
+        Record(
+            i,
+            start_ts + i,
+            f"{tag}-key-{i}".encode(),
+            f"{tag}-value-{i}".encode() * 3,
+            (("h", f"{i}".encode()), ("h", None)),
+        )
+        for i in range(n)
+    ]
+
+
+def comparable(rs: list[Record]) -> list[tuple[object, ...]]:
+    return [(r.timestamp, r.key, r.value, r.headers) for r in rs]
+
+
+async def test_create_stream_and_look_it_up_by_name(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("orders-0")
+    assert await storage.stream_id("orders-0") == stream
+    assert await storage.create_stream("orders-1") != stream
+
+
+async def test_stream_names_are_unique(storage: StreamStorage) -> None:
+    await storage.create_stream("dup")
+    with pytest.raises(ConflictError):
+        await storage.create_stream("dup")
+
+
+async def test_unknown_stream_name_is_not_found(storage: StreamStorage) -> None:
+    with pytest.raises(NotFoundError):
+        await storage.stream_id("nope")
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+async def test_appended_records_read_back_exactly(
+    storage: StreamStorage, compression: Compression
+) -> None:
+    stream = await storage.create_stream("s")
+    written = records(50)
+    first = await storage.append(stream, written[:20], compression=compression)
+    second = await storage.append(stream, written[20:], compression=compression)
+    assert (first, second) == (0, 20)
+    read = await storage.read_records(stream, 0)
+    assert [r.offset for r in read] == list(range(50))
+    assert comparable(read) == comparable(written)
+
+
+async def test_read_from_the_middle_of_a_batch_starts_at_the_offset(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    await storage.append(stream, records(10))
+    read = await storage.read_records(stream, 7)
+    assert [r.offset for r in read] == [7, 8, 9]
+
+
+async def test_log_end_and_start(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    assert (await storage.log_start(stream), await storage.log_end(stream)) == (0, 0)
+    await storage.append(stream, records(5))
+    await storage.append(stream, records(3))
+    assert (await storage.log_start(stream), await storage.log_end(stream)) == (0, 8)
+
+
+async def test_read_at_log_end_is_empty_and_beyond_it_is_out_of_range(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    await storage.append(stream, records(4))
+    at_end = await storage.read(stream, 4)
+    assert (at_end.data, at_end.next_offset) == (b"", 4)
+    with pytest.raises(OffsetOutOfRange) as exc:
+        await storage.read(stream, 5)
+    assert (exc.value.log_start, exc.value.log_end) == (0, 4)
+
+
+async def test_read_respects_max_bytes_but_returns_at_least_one_batch(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    for _ in range(4):
+        await storage.append(stream, records(10))
+    batch_size = len(build_batch(records(10)))
+    small = await storage.read(stream, 0, max_bytes=1)
+    assert len(small.data) == batch_size
+    assert small.next_offset == 10
+    two = await storage.read(stream, 0, max_bytes=2 * batch_size)
+    assert two.next_offset == 20
+    everything = await storage.read(stream, 0, max_bytes=1 << 20)
+    assert everything.next_offset == 40
+
+
+async def test_raw_batches_keep_their_bytes_except_the_base_offset(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    await storage.append(stream, records(3))
+    raw = build_batch(records(2), compression=Compression.GZIP)
+    assert await storage.append_batches(stream, raw) == 3
+    read = await storage.read(stream, 3)
+    assert read.data[8:] == raw[8:]
+    assert int.from_bytes(read.data[:8], "big") == 3
+
+
+async def test_invalid_batch_is_rejected_with_its_kafka_error_and_stores_nothing(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    corrupt = bytearray(build_batch(records(2)))
+    corrupt[-1] ^= 0xFF
+    with pytest.raises(BatchError) as exc:
+        await storage.append_batches(stream, bytes(corrupt))
+    assert exc.value.error_code == ErrorCode.corrupt_message
+    assert await storage.log_end(stream) == 0
+
+
+async def test_offset_for_timestamp_is_the_earliest_at_or_after_it(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    await storage.append(stream, records(10, start_ts=1000))  # timestamps 1000..1009
+    await storage.append(stream, records(10, start_ts=2000))  # 2000..2009
+    assert await storage.offset_for_timestamp(stream, 0) == 0
+    assert await storage.offset_for_timestamp(stream, 1005) == 5
+    assert await storage.offset_for_timestamp(stream, 1500) == 10
+    assert await storage.offset_for_timestamp(stream, 2009) == 19
+    assert await storage.offset_for_timestamp(stream, 2010) is None
+
+
+async def test_long_poll_wakes_on_an_append_from_another_engine(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream = await storage.create_stream("s")
+    waiting = asyncio.create_task(storage.wait_for_data([(stream, 0)], max_wait=30))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await other_storage.append(stream, records(1))
+    assert await asyncio.wait_for(waiting, 10) is True
+
+
+async def test_long_poll_times_out_without_data(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    assert await storage.wait_for_data([(stream, 0)], max_wait=0.05) is False
+
+
+async def test_recent_wal_objects_are_served_from_memory(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream = await storage.create_stream("s")
+    await storage.append(stream, records(5))
+    object_store = storage.wal._store  # type: ignore[attr-defined]
+    gets = object_store.stats.requests["GET"]
+    await storage.read(stream, 0)
+    assert object_store.stats.requests["GET"] == gets
+    other_store = other_storage.wal._store  # type: ignore[attr-defined]
+    other_gets = other_store.stats.requests["GET"]
+    assert comparable(await other_storage.read_records(stream, 0)) == comparable(records(5))
+    assert other_store.stats.requests["GET"] == other_gets + 1

@@ -1,0 +1,35 @@
+"""Fixtures for stream storage on the embedded backends, in a temporary data directory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from icefloe.config import Config, load_config
+from icefloe.storage.engine import StreamStorage
+
+
+def storage_config(data_dir: Path, **storage: Any) -> Config:
+    settings: dict[str, Any] = {"flush_interval_ms": 2, **storage}
+    return load_config(env={}, overrides={"data_dir": str(data_dir), "storage": settings})
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return storage_config(tmp_path)
+
+
+@pytest.fixture
+async def storage(config: Config) -> AsyncIterator[StreamStorage]:
+    async with await StreamStorage.open(config) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def other_storage(config: Config) -> AsyncIterator[StreamStorage]:
+    """A second, independent engine on the same backends (as another process would be)."""
+    async with await StreamStorage.open(config) as opened:
+        yield opened
