@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from icefloe.broker.options import BrokerOptions
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.plugins import BackendRegistry
 from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
@@ -87,6 +88,7 @@ class Config(BaseModel):
     tables: TablesSection = TablesSection()
     compaction: OptionalBackendSection = OptionalBackendSection()
     storage: StorageOptions = StorageOptions()
+    broker: BrokerOptions = BrokerOptions()
 
     def section(self, kind: PortKind) -> BackendSection | TablesSection:
         section: BackendSection | TablesSection = getattr(self, kind.value)

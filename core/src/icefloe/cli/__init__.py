@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from icefloe.cli.commands import config_group, contract_test, plugins
+from icefloe.cli.commands import config_group, contract_test, plugins, serve
 from icefloe.errors import IcefloeError
 
 
@@ -28,6 +28,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 cli.add_command(plugins)
 cli.add_command(config_group)
 cli.add_command(contract_test)
+cli.add_command(serve)
 
 
 def main(argv: list[str] | None = None) -> None:

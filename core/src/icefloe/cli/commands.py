@@ -174,3 +174,31 @@ def _without_none(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_none(v) for k, v in value.items() if v is not None}
     return value
+
+
+@click.command()
+@click.option(
+    "--data-dir", type=click.Path(file_okay=False), help="Data folder (embedded backends)."
+)
+@click.option("--port", type=click.IntRange(0, 65535), help="Port of the first broker.")
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Broker processes to run (one per core is a good start).",
+)
+@click.pass_context
+def serve(ctx: click.Context, data_dir: str | None, port: int | None, brokers: int) -> int:
+    """Run Kafka-compatible brokers (on the embedded default unless configured otherwise)."""
+    from icefloe.broker.serve import serve as run
+
+    overrides: dict[str, Any] = {}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if port is not None:
+        overrides["broker"] = {"port": port}
+    config = configuration.load_config(ctx.obj.get("config_path"), overrides=overrides)
+    for kind in (PortKind.METADATA, PortKind.OBJECT_STORE, PortKind.WAL):
+        configuration.resolve_one(config, kind)  # fail now, with the fix, not in a child
+    return run(config, brokers)

@@ -85,7 +85,8 @@ class Port:
             )
 
     async def close(self) -> None:
-        """Release connections and background tasks. Further calls fail with ``ClosedError``."""
+        """Release connections and background tasks; idempotent. Later calls of other methods
+        fail with ``ClosedError``."""
 
     async def __aenter__(self) -> Self:
         return self

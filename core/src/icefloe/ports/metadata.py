@@ -27,18 +27,23 @@ Sequenced append
     components are 0 when the sequence is empty). The first delta must be positive and the
     others non-negative, so keys of one sequence strictly increase. Concurrent appends from any
     number of processes yield a gapless, duplicate-free sequence. This is Oxia's sequence-key
-    format; other adapters reproduce it.
+    format; other adapters reproduce it. Every append to one sequence passes the same number
+    of deltas (a different number is a ``ValueError`` where the adapter can tell), and callers
+    keep no other keys starting with ``prefix-``.
 
 Notifications
     ``watch(prefix)`` yields a :class:`WatchEvent` for every later change to a key starting with
     ``prefix``, in commit order. It never silently misses a change: if events were lost (a
     buffer overflowed, history was compacted, a connection dropped) it yields one ``RESET``
-    event, after which the watcher must re-read what it cares about. Events carry no values.
+    event, after which the watcher must re-read what it cares about. Events carry no values;
+    a PUT event's version is the record's new version, a DELETE event's version is
+    adapter-defined (it may be ``None``).
 
 Sessions
     ``open_session(ttl)`` starts a session kept alive by the adapter in the background. Keys
     written with ``session=`` are ephemeral: they are deleted when the session is closed or,
     if its holder dies or stalls, within ``ttl`` seconds plus the adapter's reaping delay.
+    Writing an ephemeral key again without ``session=`` makes it permanent.
     ``Session.lost`` completes when the adapter learns the session expired.
 
 Capabilities

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -24,12 +25,12 @@ from typing import Any, Self, cast
 import msgpack
 
 from icefloe import config as configuration
-from icefloe.errors import ConflictError, NotFoundError
+from icefloe.errors import NotFoundError
 from icefloe.ports.base import OpenContext, Port, PortKind
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
-from icefloe.storage import keys
+from icefloe.storage import counters, keys
 from icefloe.storage.batch import Compression, read_header, split_and_validate
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.options import StorageOptions
@@ -126,7 +127,7 @@ class StreamStorage:
         Raises:
             ConflictError: a stream with that name exists.
         """
-        stream_id = await self._next_stream_id()
+        stream_id = await counters.increment(self.metadata, "stream-id")
         record = msgpack.packb({"name": name, "created_ms": int(time.time() * 1000)})
         await self.metadata.put(
             STREAM_NAMES + name, str(stream_id).encode(), expected_version=MUST_NOT_EXIST
@@ -145,21 +146,6 @@ class StreamStorage:
             raise NotFoundError(f"no stream named {name!r}")
         return int(record.value)
 
-    async def _next_stream_id(self) -> int:
-        key = keys.counter("stream-id")
-        while True:
-            record = await self.metadata.get(key)
-            next_id = int(record.value) + 1 if record else 1
-            try:
-                await self.metadata.put(
-                    key,
-                    str(next_id).encode(),
-                    expected_version=record.version if record else MUST_NOT_EXIST,
-                )
-                return next_id
-            except ConflictError:
-                continue
-
     # --- writing ----------------------------------------------------------------------------
 
     async def append_batches(self, stream_id: int, data: bytes | memoryview) -> int:
@@ -167,6 +153,13 @@ class StreamStorage:
 
         Raises:
             BatchError: a batch is invalid; its ``error_code`` is the Kafka error to return.
+        """
+        return await (await self.submit_batches(stream_id, data))
+
+    async def submit_batches(self, stream_id: int, data: bytes | memoryview) -> asyncio.Future[int]:
+        """Validate and buffer batches; the future gives the first offset once committed.
+
+        See :meth:`WalWriter.submit` for why the two steps are separate.
         """
         view = memoryview(data)
         infos = split_and_validate(view, max_batch_bytes=self.options.max_batch_bytes)
@@ -180,7 +173,7 @@ class StreamStorage:
             )
             for info in infos
         ]
-        return await self._writer.append(stream_id, valid)
+        return await self._writer.submit(stream_id, valid)
 
     async def append(
         self,

@@ -26,7 +26,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.errors import ConflictError, CorruptDataError
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
-from icefloe.storage import keys
+from icefloe.storage import counters, keys
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.locks import KeyedLocks
 
@@ -127,23 +127,10 @@ class ProducerStates:
         """A producer id unique in the cluster (allocated in blocks through the store)."""
         async with self._id_lock:
             if not self._ids:
-                start = await self._take_block()
+                start = await counters.increment(self._metadata, "producer-id", PRODUCER_ID_BLOCK)
+                start -= PRODUCER_ID_BLOCK
                 self._ids = list(range(start + PRODUCER_ID_BLOCK - 1, start - 1, -1))
             return self._ids.pop()
-
-    async def _take_block(self) -> int:
-        key = keys.counter("producer-id")
-        while True:
-            record = await self._metadata.get(key)
-            start = int(record.value) if record else 0
-            expected = record.version if record else MUST_NOT_EXIST
-            try:
-                await self._metadata.put(
-                    key, str(start + PRODUCER_ID_BLOCK).encode(), expected_version=expected
-                )
-                return start
-            except ConflictError:
-                continue
 
     async def claim(
         self, stream_id: int, producer_id: int, epoch: int, first: int, last: int

@@ -105,7 +105,17 @@ class WalWriter:
     async def append(self, stream_id: int, batches: Sequence[ValidBatch]) -> int:
         """Append validated batches to a stream; return the first offset once committed.
 
-        Appends to one stream are committed in the order of the calls. A batch from an
+        Equivalent to awaiting the future that :meth:`submit` returns.
+        """
+        return await (await self.submit(stream_id, batches))
+
+    async def submit(self, stream_id: int, batches: Sequence[ValidBatch]) -> asyncio.Future[int]:
+        """Buffer validated batches for a stream; the future gives the first offset once committed.
+
+        Returns as soon as the batches hold their place in the buffer, so a caller that must
+        keep several appends in order (a Kafka connection pipelining produce requests) submits
+        them one after the other and awaits the futures together. Appends to one stream are
+        committed in the order of the calls. A batch from an
         idempotent producer (it must then be the only batch) is checked against the producer's
         sequence state first; a retried batch returns its original offset without being
         written again. Waits while ``max_buffered_bytes`` of uncommitted data are held.
@@ -132,7 +142,9 @@ class WalWriter:
                     batch.base_sequence + batch.record_count - 1,
                 )
                 if isinstance(outcome, Duplicate):
-                    return outcome.first_offset
+                    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                    done.set_result(outcome.first_offset)
+                    return done
                 claim = outcome
             future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             pending = _Append(stream_id, batches, claim, future)
@@ -144,7 +156,7 @@ class WalWriter:
             elif self._timer is None:
                 loop = asyncio.get_running_loop()
                 self._timer = loop.call_later(self._interval, self._start_flush)
-        return await future
+        return future
 
     async def flush(self) -> None:
         """Seal what is buffered now and wait until every flush so far has committed."""

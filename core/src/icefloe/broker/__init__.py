@@ -1,0 +1,1 @@
+"""The Kafka-compatible broker: protocol server, API handlers, topics and cluster membership."""

@@ -1,0 +1,54 @@
+"""The one authoritative table of the Kafka APIs Icefloe serves, with their version ranges.
+
+ApiVersions advertises exactly this table, the server refuses versions outside it, and a test
+checks that kio can decode every request version and encode every response version listed.
+Minimum versions are Apache Kafka 4.0's (KIP-896 removed the older ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from kio.schema.index import api_key_map
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handler: str
+    """``"module:function"`` under ``icefloe.broker.handlers``, imported on first use."""
+
+    @property
+    def name(self) -> str:
+        return api_key_map[self.key]
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+
+def _api(key: int, min_version: int, max_version: int, handler: str) -> Api:
+    return Api(key, min_version, max_version, f"icefloe.broker.handlers.{handler}")
+
+
+SUPPORTED_APIS: Final[dict[int, Api]] = {
+    api.key: api
+    for api in (
+        _api(0, 3, 11, "produce:handle_produce"),
+        _api(1, 4, 12, "fetch:handle_fetch"),
+        _api(2, 1, 8, "list_offsets:handle_list_offsets"),
+        _api(3, 0, 12, "metadata:handle_metadata"),
+        _api(18, 0, 4, "api_versions:handle_api_versions"),
+        _api(19, 2, 7, "topics:handle_create_topics"),
+        _api(20, 1, 6, "topics:handle_delete_topics"),
+        _api(22, 0, 5, "init_producer_id:handle_init_producer_id"),
+        _api(23, 2, 4, "list_offsets:handle_offset_for_leader_epoch"),
+        _api(32, 1, 4, "configs:handle_describe_configs"),
+        _api(33, 0, 2, "configs:handle_alter_configs"),
+        _api(37, 0, 3, "topics:handle_create_partitions"),
+        _api(44, 0, 1, "configs:handle_incremental_alter_configs"),
+        _api(60, 0, 1, "cluster:handle_describe_cluster"),
+    )
+}

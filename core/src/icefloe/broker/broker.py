@@ -1,0 +1,76 @@
+"""One broker: the Kafka server over stream storage, registered in the cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import Self
+
+from icefloe.broker.cluster import BrokerInfo, Cluster
+from icefloe.broker.options import BrokerOptions
+from icefloe.broker.server import KafkaServer
+from icefloe.broker.topics import TopicRegistry
+from icefloe.config import Config
+from icefloe.errors import IcefloeError
+from icefloe.storage.engine import StreamStorage
+
+log = logging.getLogger(__name__)
+
+
+class Broker:
+    """A stateless broker process: everything it knows is in the metadata store and the WAL."""
+
+    def __init__(self, config: Config, storage: StreamStorage) -> None:
+        self.config = config
+        self.options: BrokerOptions = config.broker
+        self.storage = storage
+        self.topics = TopicRegistry(storage)
+        self.cluster = Cluster(storage.metadata, self.options.session_ttl_s)
+        self.server = KafkaServer(self)
+        self._maintenance: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, config: Config) -> Self:
+        storage = await StreamStorage.open(config)
+        return cls(config, storage)
+
+    @property
+    def me(self) -> BrokerInfo:
+        assert self.cluster.me is not None, "the broker has not started"
+        return self.cluster.me
+
+    async def start(self, port: int | None = None) -> BrokerInfo:
+        """Listen for clients and register in the cluster; return this broker's record."""
+        await self.topics.start()
+        bound = await self.server.start(
+            self.options.host, self.options.port if port is None else port
+        )
+        advertised = self.options.advertised_host or self.options.host
+        info = await self.cluster.join(advertised, bound, self.options.zone, self.options.node_id)
+        self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
+        log.info("broker %d listening on %s:%d", info.node_id, advertised, bound)
+        return info
+
+    async def stop(self) -> None:
+        """Stop accepting, commit what is buffered, deregister, release everything."""
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
+        await self.server.close()
+        await self.storage.flush()
+        await self.cluster.leave()
+        await self.topics.close()
+        await self.storage.close()
+
+    async def _collect_orphans(self) -> None:
+        # Every broker may collect: deletion is idempotent. Jitter spreads the listing load.
+        period = self.config.storage.orphan_grace_s / 4
+        while True:
+            await asyncio.sleep(period * random.uniform(0.5, 1.5))
+            try:
+                await self.storage.collect_orphans()
+            except IcefloeError:
+                log.warning("orphan collection failed; will retry", exc_info=True)

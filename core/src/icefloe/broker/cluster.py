@@ -1,0 +1,162 @@
+"""Broker membership and zone-aware routing.
+
+Each broker registers an ephemeral record (id, host, port, zone) under ``brokers/`` through a
+metadata-store session, so a dead broker disappears by itself. Routing is advisory: the broker a
+client is told owns a partition is chosen by rendezvous hashing over the live brokers of the
+client's zone (all brokers when its zone has none), which keeps a partition's traffic on one
+broker per zone for cache locality. Any broker still serves any partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Final
+
+import msgpack
+
+from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Session, Watch
+from icefloe.storage import counters
+
+log = logging.getLogger(__name__)
+
+BROKERS: Final = "brokers/"
+CLUSTER_ID_KEY: Final = "cluster/id"
+ZONE_TOKENS: Final = ("zone_id", "ws_az", "warpstream_az", "zone", "automq_az")
+"""``client.id`` keys that name the client's zone (Ursa's, WarpStream's and AutoMQ's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+    zone: str | None
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.node_id, self.host, self.port, self.zone])  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls, value: bytes) -> BrokerInfo:
+        node_id, host, port, zone = msgpack.unpackb(value)
+        return cls(node_id, host, port, zone)
+
+
+def client_zone(client_id: str | None) -> str | None:
+    """The zone a client names in its ``client.id`` (``…,zone_id=z1,…``), if any."""
+    if not client_id:
+        return None
+    for part in client_id.split(","):
+        name, sep, value = part.partition("=")
+        if sep and name.strip() in ZONE_TOKENS and value.strip():
+            return value.strip()
+    return None
+
+
+def rendezvous_owner(key: str, candidates: list[BrokerInfo]) -> BrokerInfo:
+    """The candidate with the highest hash of (key, node id): stable as brokers come and go."""
+
+    def score(broker: BrokerInfo) -> bytes:
+        return hashlib.blake2b(f"{key}\x00{broker.node_id}".encode(), digest_size=8).digest()
+
+    return max(candidates, key=score)
+
+
+class Cluster:
+    """This broker's registration and its view of the live brokers."""
+
+    def __init__(self, metadata: MetadataStore, session_ttl: float) -> None:
+        self._metadata = metadata
+        self._ttl = session_ttl
+        self._session: Session | None = None
+        self._watch: Watch | None = None
+        self._follower: asyncio.Task[None] | None = None
+        self._live: dict[int, BrokerInfo] = {}
+        self.me: BrokerInfo | None = None
+        self.cluster_id = ""
+
+    async def join(self, host: str, port: int, zone: str | None, node_id: int | None) -> BrokerInfo:
+        """Register this broker; ``node_id`` ``None`` allocates one."""
+        self.cluster_id = await self._cluster_id()
+        self._session = await self._metadata.open_session(self._ttl)
+        self._watch = await self._metadata.watch(BROKERS)
+        chosen = (
+            node_id if node_id is not None else await counters.increment(self._metadata, "node-id")
+        )
+        self.me = BrokerInfo(chosen, host, port, zone)
+        try:
+            await self._metadata.put(
+                f"{BROKERS}{chosen}",
+                self.me.encode(),
+                expected_version=MUST_NOT_EXIST,
+                session=self._session,
+            )
+        except AlreadyExistsError:
+            raise IcefloeError(
+                f"broker id {chosen} is already registered by a live broker; "
+                "choose another broker.node_id or leave it unset"
+            ) from None
+        await self._reload()
+        self._follower = asyncio.create_task(self._follow(self._watch), name="broker-membership")
+        return self.me
+
+    async def leave(self) -> None:
+        """Deregister (closing the session deletes the ephemeral record)."""
+        if self._watch is not None:
+            await self._watch.close()
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+        if self._session is not None:
+            await self._session.close()
+
+    def brokers_for(self, zone: str | None) -> list[BrokerInfo]:
+        """Live brokers of ``zone``; all live brokers if the zone has none or is ``None``."""
+        everyone = sorted(self._live.values(), key=lambda b: b.node_id)
+        if self.me is not None and self.me.node_id not in self._live:
+            everyone.append(self.me)  # our own registration may not have been seen yet
+        in_zone = [b for b in everyone if zone is not None and b.zone == zone]
+        return in_zone or everyone
+
+    def owner(self, topic: str, partition: int, zone: str | None) -> BrokerInfo:
+        return rendezvous_owner(f"{topic}/{partition}", self.brokers_for(zone))
+
+    def coordinator(self, group: str, zone: str | None) -> BrokerInfo:
+        return rendezvous_owner(f"group/{group}", self.brokers_for(zone))
+
+    async def _reload(self) -> None:
+        records = await self._metadata.scan(BROKERS, BROKERS[:-1] + "0")
+        self._live = {}
+        for record in records:
+            with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
+                info = BrokerInfo.decode(record.value)
+                self._live[info.node_id] = info
+
+    async def _follow(self, watch: Watch) -> None:
+        async for _ in watch:
+            try:
+                await self._reload()
+            except IcefloeError:
+                log.warning("cannot refresh the broker list", exc_info=True)
+
+    async def _cluster_id(self) -> str:
+        record = await self._metadata.get(CLUSTER_ID_KEY)
+        if record is not None:
+            return record.value.decode()
+        fresh = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        try:
+            await self._metadata.put(
+                CLUSTER_ID_KEY, fresh.encode(), expected_version=MUST_NOT_EXIST
+            )
+            return fresh
+        except AlreadyExistsError:
+            record = await self._metadata.get(CLUSTER_ID_KEY)
+            assert record is not None
+            return record.value.decode()

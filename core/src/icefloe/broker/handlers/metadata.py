@@ -1,0 +1,117 @@
+"""Metadata: live brokers of the client's zone, topics, and the advisory partition owner."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from icefloe.broker.cluster import client_zone
+from icefloe.broker.protocol import make
+from icefloe.broker.server import RequestContext
+from icefloe.broker.topics import Topic, TopicError
+
+_NO_THROTTLE = datetime.timedelta(0)
+
+
+async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
+    module = ctx.response_module()
+    broker = ctx.broker
+    zone = client_zone(ctx.client_id)
+    brokers = broker.cluster.brokers_for(zone)
+    topics = [await _describe(ctx, module, zone, t) for t in await _requested(ctx, request)]
+    return make(
+        module.MetadataResponse,
+        throttle_time=_NO_THROTTLE,
+        brokers=tuple(
+            make(
+                module.MetadataResponseBroker,
+                node_id=b.node_id,
+                host=b.host,
+                port=b.port,
+                rack=b.zone,
+            )
+            for b in brokers
+        ),
+        cluster_id=broker.cluster.cluster_id,
+        controller_id=min(b.node_id for b in brokers),
+        topics=tuple(topics),
+        cluster_authorized_operations=-2147483648,
+    )
+
+
+async def _requested(
+    ctx: RequestContext, request: Any
+) -> list[tuple[str | None, Any, Topic | None]]:
+    """(name, id, topic) per requested topic; every topic when the request names none."""
+    registry = ctx.broker.topics
+    wanted = request.topics
+    if wanted is None or (ctx.api_version == 0 and not wanted):
+        return [(t.name, t.topic_id, t) for t in registry.cached()]
+    found: list[tuple[str | None, Any, Topic | None]] = []
+    auto_create = ctx.broker.options.auto_create_topics and getattr(
+        request, "allow_auto_topic_creation", True
+    )
+    for entry in wanted:
+        name = getattr(entry, "name", entry)
+        topic_id = getattr(entry, "topic_id", None)
+        topic = None
+        if name:
+            topic = await registry.get(name)
+            if topic is None and auto_create:
+                topic = await _auto_create(ctx, name)
+        elif topic_id is not None:
+            topic = registry.by_id(topic_id)
+        found.append((name, topic_id, topic))
+    return found
+
+
+async def _auto_create(ctx: RequestContext, name: str) -> Topic | None:
+    try:
+        return await ctx.broker.topics.create(name, ctx.broker.options.default_partitions)
+    except TopicError as exc:
+        if exc.code == "topic_already_exists":
+            return await ctx.broker.topics.get(name)
+        return None
+
+
+async def _describe(
+    ctx: RequestContext,
+    module: Any,
+    zone: str | None,
+    requested: tuple[str | None, Any, Topic | None],
+) -> Any:
+    name, topic_id, topic = requested
+    if topic is None:
+        return make(
+            module.MetadataResponseTopic,
+            error_code=ErrorCode.unknown_topic_or_partition if name else ErrorCode.unknown_topic_id,
+            name=name,
+            topic_id=topic_id,
+            partitions=(),
+        )
+    cluster = ctx.broker.cluster
+    partitions = []
+    for index in range(topic.partitions):
+        owner = cluster.owner(topic.name, index, zone).node_id
+        partitions.append(
+            make(
+                module.MetadataResponsePartition,
+                error_code=ErrorCode.none,
+                partition_index=index,
+                leader_id=owner,
+                leader_epoch=0,
+                replica_nodes=(owner,),
+                isr_nodes=(owner,),
+                offline_replicas=(),
+            )
+        )
+    return make(
+        module.MetadataResponseTopic,
+        error_code=ErrorCode.none,
+        name=topic.name,
+        topic_id=topic.topic_id,
+        is_internal=False,
+        partitions=tuple(partitions),
+    )

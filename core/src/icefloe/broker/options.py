@@ -1,0 +1,34 @@
+"""The ``[broker]`` configuration section."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BrokerOptions(BaseModel):
+    """How a broker process listens, registers itself and treats clients."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(default=9092, ge=0, le=65535)
+    """Port of the first broker; with ``--brokers N`` the others take the next N-1 ports."""
+    advertised_host: str | None = None
+    """Host clients should connect to (default: ``host``)."""
+    zone: str | None = None
+    """Availability zone of this broker, matched against clients' ``zone_id=`` tokens."""
+    node_id: int | None = Field(default=None, ge=0)
+    """Fixed broker id; by default one is allocated from the metadata store."""
+    strict_ownership: bool = False
+    """Answer NOT_LEADER_OR_FOLLOWER to produce/fetch for partitions another broker owns."""
+    auto_create_topics: bool = False
+    """Create unknown topics on Metadata requests that allow it (Kafka's auto.create.topics)."""
+    default_partitions: int = Field(default=1, ge=1)
+    """Partitions of auto-created topics and of CreateTopics requests that leave it to us."""
+    max_request_bytes: int = Field(default=100 << 20, gt=0)
+    """Largest request frame accepted (Kafka's socket.request.max.bytes); larger closes."""
+    max_inflight_requests: int = Field(default=32, ge=1)
+    """Requests per connection decoded ahead of their responses (pipelining)."""
+    session_ttl_s: float = Field(default=10.0, gt=0)
+    """How long a dead broker stays listed before its registration expires."""

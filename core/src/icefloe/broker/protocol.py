@@ -1,0 +1,123 @@
+"""Kafka wire protocol: frames, headers, and request/response (de)serialisation through kio.
+
+Every request and response type comes from ``kio`` (generated from Kafka's message schemas).
+Header versions follow Kafka's rules: a request header is v2 when the request version is
+flexible and v1 otherwise; a response header is v1 for flexible versions and v0 otherwise,
+except ApiVersions responses, which always use v0 so that a client can read them before it
+knows which versions the broker supports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import struct
+from collections.abc import Hashable
+from typing import Any, Final, TypeVar, cast
+
+from kio.index import load_payload_module, load_request_schema, load_response_schema
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+from kio.static.primitive import i32
+
+API_VERSIONS_KEY: Final = 18
+_API_PREFIX = struct.Struct(">hh")
+_SIZE = struct.Struct(">i")
+
+T = TypeVar("T")
+
+
+class ProtocolError(Exception):
+    """The frame cannot be understood; the connection must be closed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any
+    """The kio request payload, e.g. ``ProduceRequest``."""
+
+
+def peek_api(frame: bytes | memoryview) -> tuple[int, int]:
+    """(api key, api version) of a request frame, without decoding the rest."""
+    if len(frame) < _API_PREFIX.size:
+        raise ProtocolError("request shorter than its header")
+    api_key, api_version = _API_PREFIX.unpack_from(frame)
+    return api_key, api_version
+
+
+@functools.cache
+def _request_reader(api_key: int, api_version: int) -> tuple[Any, Any, bool]:
+    schema = load_request_schema(api_key, api_version)
+    flexible = bool(schema.__flexible__)
+    header = RequestHeaderV2 if flexible else RequestHeaderV1
+    return entity_reader(header), entity_reader(schema), flexible
+
+
+def decode_request(frame: bytes | memoryview) -> Request:
+    """Decode a whole request frame (without its size prefix).
+
+    The caller must have checked, with :func:`peek_api`, that the version is supported.
+
+    Raises:
+        ProtocolError: the bytes do not decode as that request.
+    """
+    api_key, api_version = peek_api(frame)
+    header_reader, body_reader, _ = _request_reader(api_key, api_version)
+    try:
+        header, used = header_reader(frame, 0)
+        # Trailing bytes are ignored, as Apache Kafka's broker ignores them: some clients send
+        # them (librdkafka's Metadata v12 request for all topics carries three).
+        body, _ = body_reader(frame, used)
+    except Exception as exc:
+        raise ProtocolError(f"malformed request (api {api_key} v{api_version}): {exc}") from exc
+    return Request(api_key, api_version, int(header.correlation_id), header.client_id, body)
+
+
+@functools.cache
+def _response_writer(api_key: int, api_version: int) -> tuple[Any, Any, Any]:
+    schema = load_response_schema(api_key, api_version)
+    flexible = bool(schema.__flexible__) and api_key != API_VERSIONS_KEY
+    header = ResponseHeaderV1 if flexible else ResponseHeaderV0
+    return header, entity_writer(header), entity_writer(schema)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+    """A size-prefixed response frame."""
+    header_type, write_header, write_body = _response_writer(api_key, api_version)
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    write_header(buffer, header_type(correlation_id=i32(correlation_id)))
+    write_body(buffer, body)
+    frame = buffer.getbuffer()
+    _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
+    return bytes(frame)
+
+
+@functools.cache
+def response_module(api_key: int, api_version: int) -> Any:
+    """The kio module holding a response version's entity classes (nested ones included)."""
+    return load_payload_module(api_key, api_version, EntityType.response)
+
+
+@functools.cache
+def _field_names(cls: Any) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def make(cls: type[T], **values: Any) -> T:
+    """Build a kio entity, ignoring values for fields this version does not have.
+
+    Handlers serve many versions of an API with one piece of code: they pass every value any
+    version needs, and each version's class takes the ones it declares.
+    """
+    names = _field_names(cast(Hashable, cls))
+    return cls(**{k: v for k, v in values.items() if k in names})

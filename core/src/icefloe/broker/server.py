@@ -1,0 +1,201 @@
+"""The asyncio Kafka server: frames in, handlers, responses out in request order.
+
+Each connection reads size-prefixed frames, decodes each request and starts its handler at
+once, so a client can pipeline; a writer task sends the responses strictly in request order.
+Handlers that must keep request order for part of their work (produce) hold the connection's
+``ordered`` lock for that part. Produce with acks=0 gets no response. A frame over the size
+limit, an unknown API, an unsupported version (other than ApiVersions, which answers
+UNSUPPORTED_VERSION as Kafka does) or bytes that do not decode close the connection: the
+client sees a disconnect, every other connection goes on, and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from icefloe.broker import protocol
+from icefloe.broker.apis import SUPPORTED_APIS, Api
+from icefloe.broker.protocol import ProtocolError, Request
+
+if TYPE_CHECKING:
+    from icefloe.broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+
+Handler = Callable[["RequestContext", Any], Awaitable[Any]]
+
+
+@dataclass
+class Connection:
+    """Per-connection state shared by the handlers of its requests."""
+
+    peer: str
+    ordered: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by handlers for the part of their work that must follow request order."""
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What a handler knows besides the request body."""
+
+    broker: Broker
+    connection: Connection
+    request: Request
+
+    @property
+    def api_version(self) -> int:
+        return self.request.api_version
+
+    @property
+    def client_id(self) -> str:
+        return self.request.client_id or ""
+
+    def response_module(self) -> Any:
+        """The kio module with this request version's response classes."""
+        return protocol.response_module(self.request.api_key, self.request.api_version)
+
+
+class NoResponse:
+    """Returned by a handler when the request gets no response (produce with acks=0)."""
+
+
+NO_RESPONSE = NoResponse()
+
+
+class KafkaServer:
+    """Accepts Kafka connections for one broker."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._options = broker.options
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._handlers: dict[int, Handler] = {}
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; return the bound port (useful with port 0)."""
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        bound: int = self._server.sockets[0].getsockname()[1]
+        return bound
+
+    async def close(self) -> None:
+        """Stop accepting, then close every connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def handler(self, api: Api) -> Handler:
+        handler = self._handlers.get(api.key)
+        if handler is None:
+            module, _, name = api.handler.partition(":")
+            handler = self._handlers[api.key] = getattr(importlib.import_module(module), name)
+        return handler
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = str(writer.get_extra_info("peername"))
+        connection = Connection(peer)
+        responses: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+            self._options.max_inflight_requests
+        )
+        sender = asyncio.create_task(self._send(writer, responses), name=f"send {peer}")
+        try:
+            while True:
+                frame = await self._read_frame(reader)
+                if frame is None:
+                    break
+                response = self._dispatch(connection, frame)
+                await responses.put(response)  # waits while too many are in flight
+        except ProtocolError as exc:
+            log.info("closing %s: %s", peer, exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            try:
+                responses.put_nowait(None)  # let the sender finish what was answered so far
+            except asyncio.QueueFull:
+                sender.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await sender
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._connections.discard(task)
+
+    async def _read_frame(self, reader: asyncio.StreamReader) -> bytes | None:
+        try:
+            prefix = await reader.readexactly(_SIZE.size)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise ProtocolError("connection closed inside a frame size") from exc
+            return None
+        (size,) = _SIZE.unpack(prefix)
+        if size < 0 or size > self._options.max_request_bytes:
+            raise ProtocolError(
+                f"request of {size} bytes exceeds broker.max_request_bytes "
+                f"({self._options.max_request_bytes})"
+            )
+        return await reader.readexactly(size)
+
+    def _dispatch(self, connection: Connection, frame: bytes) -> asyncio.Task[bytes | None]:
+        """Decode the request and start its handler; the task yields the response frame."""
+        api_key, api_version = protocol.peek_api(frame)
+        api = SUPPORTED_APIS.get(api_key)
+        if api is None:
+            raise ProtocolError(f"unsupported API key {api_key}")
+        if not api.supports(api_version):
+            if api_key == protocol.API_VERSIONS_KEY:
+                return asyncio.create_task(self._unsupported_api_versions(frame))
+            raise ProtocolError(f"unsupported version {api_version} of {api.name}")
+        request = protocol.decode_request(frame)
+        context = RequestContext(self._broker, connection, request)
+        return asyncio.create_task(self._respond(api, context), name=f"{api.name} {api_version}")
+
+    async def _respond(self, api: Api, context: RequestContext) -> bytes | None:
+        request = context.request
+        body = await self.handler(api)(context, request.body)
+        if body is NO_RESPONSE:
+            return None
+        return protocol.encode_response(
+            request.api_key, request.api_version, request.correlation_id, body
+        )
+
+    async def _unsupported_api_versions(self, frame: bytes) -> bytes:
+        from icefloe.broker.handlers.api_versions import unsupported_version_response
+
+        return unsupported_version_response(frame)
+
+    async def _send(
+        self,
+        writer: asyncio.StreamWriter,
+        responses: asyncio.Queue[asyncio.Task[bytes | None] | None],
+    ) -> None:
+        while True:
+            task = await responses.get()
+            if task is None:
+                return
+            try:
+                frame = await task
+            except Exception:
+                # A handler bug must not hang the client: drop the connection instead.
+                log.exception("request handler failed; closing the connection")
+                writer.close()
+                return
+            if frame is not None:
+                writer.write(frame)
+                await writer.drain()

@@ -1,0 +1,285 @@
+"""Topics: names, ids, partitions (one stream each) and configs, in the metadata store.
+
+A topic record lives at ``topics/<name>``. Every broker keeps all topic records in memory,
+refreshed by notifications; a miss is re-checked in the store, so a topic created through
+another broker is visible at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+import msgpack
+
+from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError, NotFoundError
+from icefloe.ports.metadata import MUST_NOT_EXIST, Watch
+from icefloe.storage import keys
+from icefloe.storage.engine import StreamStorage
+
+log = logging.getLogger(__name__)
+
+TOPICS: Final = "topics/"
+MAX_NAME_LENGTH: Final = 249
+_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+MAX_PARTITIONS: Final = 10_000
+
+
+class TopicError(IcefloeError):
+    """A topic operation that Kafka answers with an error code (see ``code``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        """Name of the ``kio`` ``ErrorCode`` member, e.g. ``"topic_already_exists"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    topic_id: uuid.UUID
+    streams: tuple[int, ...]
+    """Stream id of each partition, by partition index."""
+    configs: dict[str, str] = field(default_factory=dict)
+    created_ms: int = 0
+    version: int = 0
+    """Metadata-store version of the record, for compare-and-set updates."""
+
+    @property
+    def partitions(self) -> int:
+        return len(self.streams)
+
+    def encode(self) -> bytes:
+        payload = {
+            "id": self.topic_id.bytes,
+            "streams": list(self.streams),
+            "configs": self.configs,
+            "created_ms": self.created_ms,
+        }
+        return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls, name: str, value: bytes, version: int) -> Topic:
+        p = msgpack.unpackb(value, raw=False)
+        return cls(
+            name,
+            uuid.UUID(bytes=p["id"]),
+            tuple(p["streams"]),
+            p["configs"],
+            p["created_ms"],
+            version,
+        )
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's rules for topic names.
+
+    Raises:
+        TopicError: ``invalid_topic_exception`` with the reason.
+    """
+    if not name or name in (".", ".."):
+        raise TopicError("invalid_topic_exception", f"topic name {name!r} is not allowed")
+    if len(name) > MAX_NAME_LENGTH:
+        raise TopicError(
+            "invalid_topic_exception", f"topic name is longer than {MAX_NAME_LENGTH} characters"
+        )
+    if not _LEGAL_NAME.fullmatch(name):
+        raise TopicError(
+            "invalid_topic_exception",
+            f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'",
+        )
+
+
+class TopicRegistry:
+    """Every topic of the cluster, cached in memory and kept fresh by notifications."""
+
+    def __init__(self, storage: StreamStorage) -> None:
+        self._storage = storage
+        self._metadata = storage.metadata
+        self._topics: dict[str, Topic] = {}
+        self._by_id: dict[uuid.UUID, Topic] = {}
+        self._watch: Watch | None = None
+        self._follower: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._watch = await self._metadata.watch(TOPICS)
+        await self._reload()
+        self._follower = asyncio.create_task(self._follow(self._watch), name="topic-registry")
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+
+    def cached(self) -> list[Topic]:
+        """Every topic this broker knows of, by name."""
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    async def get(self, name: str) -> Topic | None:
+        """The topic ``name``, checking the store when the cache does not have it."""
+        topic = self._topics.get(name)
+        if topic is not None:
+            return topic
+        record = await self._metadata.get(TOPICS + name)
+        if record is None:
+            return None
+        topic = Topic.decode(name, record.value, record.version)
+        self._remember(topic)
+        return topic
+
+    def by_id(self, topic_id: uuid.UUID) -> Topic | None:
+        return self._by_id.get(topic_id)
+
+    async def create(
+        self, name: str, partitions: int, configs: dict[str, str] | None = None
+    ) -> Topic:
+        """Create a topic with ``partitions`` new streams.
+
+        Raises:
+            TopicError: invalid name or partition count, or the topic exists.
+        """
+        validate_topic_name(name)
+        _check_partition_count(partitions)
+        if await self.get(name) is not None:
+            raise TopicError("topic_already_exists", f"topic {name!r} already exists")
+        topic_id = uuid.uuid4()
+        streams = [await self._storage.create_stream(f"{topic_id}/{p}") for p in range(partitions)]
+        topic = Topic(name, topic_id, tuple(streams), dict(configs or {}), int(time.time() * 1000))
+        try:
+            record = await self._metadata.put(
+                TOPICS + name, topic.encode(), expected_version=MUST_NOT_EXIST
+            )
+        except AlreadyExistsError:
+            # Lost a race with another broker; our streams stay empty and unreferenced.
+            raise TopicError("topic_already_exists", f"topic {name!r} already exists") from None
+        topic = replace(topic, version=record.version)
+        self._remember(topic)
+        return topic
+
+    async def delete(self, name: str) -> Topic:
+        """Delete a topic and the index of its streams (their WAL objects become orphans).
+
+        Raises:
+            TopicError: ``unknown_topic_or_partition``.
+        """
+        topic = await self._require(name)
+        try:
+            await self._metadata.delete(TOPICS + name, expected_version=topic.version)
+        except (ConflictError, NotFoundError):
+            raise TopicError(
+                "unknown_topic_or_partition", f"topic {name!r} changed or was deleted meanwhile"
+            ) from None
+        self._forget(name)
+        for stream_id in topic.streams:
+            directory = keys.stream_dir(stream_id)
+            await self._metadata.delete_range(directory + "/", directory + "0")
+        return topic
+
+    async def add_partitions(self, name: str, total: int) -> Topic:
+        """Grow a topic to ``total`` partitions.
+
+        Raises:
+            TopicError: unknown topic, or ``invalid_partitions`` if ``total`` does not grow it.
+        """
+        _check_partition_count(total)
+
+        async def grow(topic: Topic) -> Topic:
+            if total <= topic.partitions:
+                raise TopicError(
+                    "invalid_partitions",
+                    f"topic {name!r} has {topic.partitions} partitions; "
+                    "the new count must be larger",
+                )
+            more = [
+                await self._storage.create_stream(f"{topic.topic_id}/{p}")
+                for p in range(topic.partitions, total)
+            ]
+            return replace(topic, streams=topic.streams + tuple(more))
+
+        return await self._update(name, grow)
+
+    async def set_configs(self, name: str, configs: dict[str, str]) -> Topic:
+        """Replace the topic's configs (validated by the caller)."""
+
+        async def reconfigure(topic: Topic) -> Topic:
+            return replace(topic, configs=dict(configs))
+
+        return await self._update(name, reconfigure)
+
+    async def _update(self, name: str, change: Callable[[Topic], Awaitable[Topic]]) -> Topic:
+        """Apply ``change`` by compare-and-set, re-reading the topic after a lost race."""
+        while True:
+            record = await self._metadata.get(TOPICS + name)
+            if record is None:
+                raise TopicError("unknown_topic_or_partition", f"topic {name!r} does not exist")
+            topic = Topic.decode(name, record.value, record.version)
+            new = await change(topic)
+            try:
+                written = await self._metadata.put(
+                    TOPICS + name, new.encode(), expected_version=topic.version
+                )
+            except ConflictError:
+                continue
+            updated = replace(new, version=written.version)
+            self._remember(updated)
+            return updated
+
+    async def _require(self, name: str) -> Topic:
+        topic = await self.get(name)
+        if topic is None:
+            raise TopicError("unknown_topic_or_partition", f"topic {name!r} does not exist")
+        return topic
+
+    def _remember(self, topic: Topic) -> None:
+        old = self._topics.get(topic.name)
+        if old is not None and old.version > topic.version:
+            return
+        if old is not None:
+            self._by_id.pop(old.topic_id, None)
+        self._topics[topic.name] = topic
+        self._by_id[topic.topic_id] = topic
+
+    def _forget(self, name: str) -> None:
+        old = self._topics.pop(name, None)
+        if old is not None:
+            self._by_id.pop(old.topic_id, None)
+
+    async def _reload(self) -> None:
+        records = await self._metadata.scan(TOPICS, TOPICS[:-1] + "0")
+        self._topics.clear()
+        self._by_id.clear()
+        for record in records:
+            self._remember(Topic.decode(record.key[len(TOPICS) :], record.value, record.version))
+
+    async def _follow(self, watch: Watch) -> None:
+        async for event in watch:
+            try:
+                if event.key is None:  # RESET
+                    await self._reload()
+                    continue
+                name = event.key[len(TOPICS) :]
+                record = await self._metadata.get(event.key)
+                if record is None:
+                    self._forget(name)
+                else:
+                    self._remember(Topic.decode(name, record.value, record.version))
+            except IcefloeError:
+                log.warning("cannot refresh topic metadata", exc_info=True)
+
+
+def _check_partition_count(partitions: int) -> None:
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise TopicError(
+            "invalid_partitions",
+            f"a topic needs between 1 and {MAX_PARTITIONS} partitions, got {partitions}",
+        )

@@ -1,0 +1,120 @@
+"""`icefloe serve` as a user runs it, for end-to-end tests with real Kafka clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import free_port, port_open
+
+READY_LINE = "Icefloe is serving Kafka at "
+
+
+@dataclass
+class RunningIcefloe:
+    """A running `icefloe serve`: its bootstrap address, broker ports and process."""
+
+    process: subprocess.Popen[str]
+    host: str
+    port: int
+    brokers: int
+    data_dir: Path
+    log_path: Path
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def broker_address(self, index: int) -> str:
+        return f"{self.host}:{self.port + index}"
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, as an operator would; returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_icefloe(
+    data_dir: Path,
+    *,
+    brokers: int = 1,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> RunningIcefloe:
+    """Start `icefloe serve` on free ports and wait until it prints its bootstrap address."""
+    port = _free_port_run(brokers)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
+    # Tests want quick acknowledgements more than few WAL objects.
+    environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
+    environment.update(env or {})
+    log_path = data_dir.parent / f"{data_dir.name}-serve.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "icefloe",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(port),
+            "--brokers",
+            str(brokers),
+        ],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    running = RunningIcefloe(process, "127.0.0.1", port, brokers, data_dir, log_path)
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            break
+        running.output.append(line)
+        if line.startswith(READY_LINE) and all(port_open(port + i) for i in range(brokers)):
+            return running
+    running.stop()
+    raise RuntimeError(f"icefloe serve did not start: {log_path.read_text()[-3000:]}")
+
+
+def _free_port_run(count: int) -> int:
+    """A port p such that p … p+count-1 all look free."""
+    for _ in range(50):
+        port = free_port()
+        if port + count < 65535 and not any(port_open(port + i) for i in range(count)):
+            return port
+    raise RuntimeError("no run of free ports found")
+
+
+@pytest.fixture
+def icefloe(tmp_path: Path) -> Iterator[RunningIcefloe]:
+    """One broker on the embedded default, in a fresh data directory."""
+    running = start_icefloe(tmp_path / "data")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def icefloe_two_brokers(tmp_path: Path) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(tmp_path / "data", brokers=2)
+    yield running
+    running.stop()
