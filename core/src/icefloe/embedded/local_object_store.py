@@ -204,6 +204,9 @@ class LocalObjectStore(ObjectStore):
         except RuntimeError:
             temp.discard()  # the pool was shut down by close(): clean up here instead
 
+    def _url(self, key: str) -> str:
+        return Path(self._root, *key.split("/")).as_uri()
+
     def _path_of(self, key: str) -> str:
         """The file of ``key``, refusing anything that would land outside the root."""
         path = os.path.normpath(os.path.join(self._root, key))

@@ -39,9 +39,12 @@ class TableSpec:
     Attributes:
         namespace: Catalog namespace (database) for Icefloe's tables.
         name: Table name, derived from the topic.
-        location: URI of the table root; data files live at
+        location: URL of the table root; data files live at
             ``<location>/partition=<p>/<file>.parquet``.
-        schema: Arrow schema of the rows (see DESIGN.md, "Parquet row schema").
+        schema: Arrow schema of the rows (:data:`icefloe.tables.schema.ROW_SCHEMA`).
+        metadata_location: URL of a folder outside the table root for formats that keep their
+            metadata apart from the data (Iceberg), so that another format's maintenance
+            (a Delta vacuum) never deletes it.
         partition_column: Column whose identity partitions the table.
         properties: Extra table properties.
     """
@@ -50,6 +53,7 @@ class TableSpec:
     name: str
     location: str
     schema: pa.Schema
+    metadata_location: str
     partition_column: str = "partition"
     properties: Mapping[str, str] = field(default_factory=dict)
 
@@ -60,7 +64,7 @@ class TableSpec:
 
 @dataclass(frozen=True, slots=True)
 class DataFile:
-    """A Parquet data file, by its path relative to the table root."""
+    """A Parquet data file, by its path relative to the table root (``partition=3/x.parquet``)."""
 
     path: str
     size: int

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Final
 
-from icefloe.errors import NotFoundError
+from icefloe.errors import CapabilityError, NotFoundError
 from icefloe.ports.base import Port, PortKind
 
 MAX_KEY_BYTES: Final = 1024
@@ -172,6 +172,18 @@ class ObjectStore(Port):
         validate_prefix(prefix)
         return self._list(prefix)
 
+    def url(self, key: str) -> str:
+        """A URL table engines (pyiceberg, delta-rs, DuckDB, Spark) open the object by:
+        ``file:///…``, ``s3://bucket/…``, ``gs://…``, ``az://…``. ``key`` may also be a folder
+        prefix without a trailing slash."""
+        validate_prefix(key)
+        return self._url(key)
+
+    def engine_options(self) -> dict[str, str]:
+        """Settings an engine needs to reach :meth:`url` (endpoint, region, credentials), in
+        the object_store/fsspec vocabulary; empty when the URL says it all."""
+        return {}
+
     # --- adapter primitives -------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -203,3 +215,6 @@ class ObjectStore(Port):
 
     @abc.abstractmethod
     def _list(self, prefix: str) -> AsyncIterator[ObjectInfo]: ...
+
+    def _url(self, key: str) -> str:
+        raise CapabilityError(f"{type(self).__name__} cannot give engines a URL for its objects")

@@ -1,0 +1,1 @@
+"""Topics as tables: the row schema and where each table's files live."""
