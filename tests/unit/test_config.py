@@ -151,8 +151,12 @@ def test_missing_config_file_is_reported(tmp_path: Path) -> None:
     assert "does not exist" in one_line(exc)
 
 
-def test_compaction_is_off_until_a_backend_is_selected() -> None:
-    config = load_config(env={})
+def test_compaction_runs_in_process_by_default() -> None:
+    assert resolve_one(load_config(env={}), PortKind.COMPACTION).name == "local"
+
+
+def test_compaction_can_be_switched_off() -> None:
+    config = load_config(env={"ICEFLOE_COMPACTION__BACKEND": ""})
     assert resolve(config, PortKind.COMPACTION) == []
     with pytest.raises(ConfigError, match="ICEFLOE_COMPACTION__BACKEND"):
         resolve_one(config, PortKind.COMPACTION)

@@ -30,6 +30,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from icefloe.broker.options import BrokerOptions
+from icefloe.compaction.options import CompactorOptions
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.plugins import BackendRegistry
 from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
@@ -86,7 +87,8 @@ class Config(BaseModel):
     object_store: BackendSection = BackendSection(backend="local")
     wal: BackendSection = BackendSection(backend="object")
     tables: TablesSection = TablesSection()
-    compaction: OptionalBackendSection = OptionalBackendSection()
+    compaction: OptionalBackendSection = OptionalBackendSection(backend="local")
+    compactor: CompactorOptions = CompactorOptions()
     storage: StorageOptions = StorageOptions()
     broker: BrokerOptions = BrokerOptions()
 

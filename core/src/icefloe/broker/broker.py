@@ -12,6 +12,7 @@ from icefloe.broker.cluster import BrokerInfo, Cluster
 from icefloe.broker.options import BrokerOptions
 from icefloe.broker.server import KafkaServer
 from icefloe.broker.topics import TopicRegistry
+from icefloe.compaction.service import Compactor
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
 from icefloe.storage.engine import StreamStorage
@@ -30,6 +31,9 @@ class Broker:
         self.cluster = Cluster(storage.metadata, self.options.session_ttl_s)
         self.server = KafkaServer(self)
         self._maintenance: asyncio.Task[None] | None = None
+        self._compactor: Compactor | None = None
+        self._compaction: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     @classmethod
     async def open(cls, config: Config) -> Self:
@@ -50,11 +54,21 @@ class Broker:
         advertised = self.options.advertised_host or self.options.host
         info = await self.cluster.join(advertised, bound, self.options.zone, self.options.node_id)
         self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
+        if self.config.compactor.enabled and self.config.compaction.backend:
+            self._compactor = await Compactor.open(self.config, self.storage, self.topics)
+            self._compaction = asyncio.create_task(
+                self._compactor.run(self._stopping), name="compactor"
+            )
         log.info("broker %d listening on %s:%d", info.node_id, advertised, bound)
         return info
 
     async def stop(self) -> None:
         """Stop accepting, commit what is buffered, deregister, release everything."""
+        self._stopping.set()
+        if self._compaction is not None:
+            await self._compaction
+        if self._compactor is not None:
+            await self._compactor.close()
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):

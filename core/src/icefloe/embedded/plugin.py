@@ -23,6 +23,12 @@ def icefloe_register_backends() -> list[BackendSpec]:
             "Local filesystem folder with atomic writes",
         ),
         BackendSpec(
+            PortKind.COMPACTION,
+            "local",
+            "icefloe.compaction.local_engine:LocalCompactionEngine",
+            "Compaction in worker processes on this machine",
+        ),
+        BackendSpec(
             PortKind.WAL,
             "object",
             "icefloe.embedded.object_wal:ObjectWAL",

@@ -13,6 +13,7 @@ from icefloe.errors import CapabilityError
 
 if TYPE_CHECKING:
     from icefloe.ports.object_store import ObjectStore
+    from icefloe.ports.wal import WAL
 
 
 class PortKind(enum.StrEnum):
@@ -44,10 +45,15 @@ class OpenContext:
         object_store: The configured object store, for backends layered on it (the object WAL,
             table formats that keep their files in object storage). ``None`` while the object
             store itself is being opened.
+        wal: The configured WAL, for the compaction engine.
+        config: The whole configuration, for backends that open ports in other processes
+            (a compaction engine's workers).
     """
 
     data_dir: Path
     object_store: ObjectStore | None = field(default=None)
+    wal: WAL | None = field(default=None)
+    config: Any = field(default=None)
 
 
 class Port:

@@ -22,7 +22,7 @@ from icefloe.ports.base import Port, PortKind
 
 @dataclass(frozen=True, slots=True)
 class StreamRange:
-    """Records ``[start_offset, end_offset)`` of one stream, found in one WAL chunk."""
+    """Records ``[start_offset, end_offset)`` of one stream: one chunk of one WAL object."""
 
     stream_id: int
     partition: int
@@ -35,10 +35,16 @@ class StreamRange:
 
 @dataclass(frozen=True, slots=True)
 class CompactionTask:
+    """Everything one task reads and writes. A stream's ranges must tile one offset range."""
+
     task_id: str
     ranges: tuple[StreamRange, ...]
     output_paths: tuple[tuple[int, str], ...]
     """``(stream_id, object key)`` of the Parquet file to write for each stream."""
+
+    def refs(self) -> list[str]:
+        """The WAL objects the task reads, each once, in first-use order."""
+        return list(dict.fromkeys(r.wal_ref for r in self.ranges))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +52,15 @@ class WrittenFile:
     task_id: str
     stream_id: int
     path: str
+    """Object-store key of the Parquet file."""
     size: int
     record_count: int
     start_offset: int
     end_offset: int
+    row_groups: tuple[tuple[int, int], ...]
+    """``(first offset, last offset)`` of each row group."""
+    min_timestamp: int
+    max_timestamp: int
 
 
 class CompactionEngine(Port):

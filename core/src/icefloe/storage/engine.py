@@ -50,12 +50,14 @@ class StreamStorage:
     def __init__(
         self,
         metadata: MetadataStore,
+        object_store: ObjectStore,
         wal: WAL,
         options: StorageOptions,
         *,
         owned: Sequence[Port] = (),
     ) -> None:
         self.metadata = metadata
+        self.object_store = object_store
         self.wal = wal
         self.options = options
         self._owned = list(owned)
@@ -63,7 +65,7 @@ class StreamStorage:
         self._recent = RecentWalObjects(options.wal_cache_bytes)
         self.producers = ProducerStates(metadata, self.index, options.commit_deadline_s)
         self._writer = WalWriter(wal, metadata, self.index, options, self._recent, self.producers)
-        self._reader = StreamReader(wal, self.index, self._recent)
+        self._reader = StreamReader(wal, object_store, self.index, self._recent)
         self._orphans = OrphanCollector(wal, metadata, options.orphan_grace_s)
 
     @classmethod
@@ -90,6 +92,7 @@ class StreamStorage:
             wal = await _open(config, PortKind.WAL, context, opened)
             storage = cls(
                 cast(MetadataStore, metadata),
+                cast(ObjectStore, store),
                 cast(WAL, wal),
                 config.storage,
                 owned=list(reversed(opened)),

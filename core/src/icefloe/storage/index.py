@@ -55,12 +55,27 @@ class WalLocation:
 
 
 @dataclass(frozen=True, slots=True)
+class ParquetLocation:
+    """A compacted data file holding the whole entry, and the offsets of its row groups."""
+
+    key: str
+    """Object-store key of the Parquet file."""
+    size: int
+    row_groups: tuple[tuple[int, int], ...]
+    """``(first offset, last offset)`` of each row group, in order."""
+
+    def row_groups_from(self, offset: int) -> list[int]:
+        """Indices of the row groups holding ``offset`` and everything after it."""
+        return [i for i, (_, last) in enumerate(self.row_groups) if last >= offset]
+
+
+@dataclass(frozen=True, slots=True)
 class IndexEntry:
     stream_id: int
     end: int
     cumulative_size: int
     record_count: int
-    location: WalLocation
+    location: WalLocation | ParquetLocation
     min_timestamp: int
     max_timestamp: int
     created_ms: int
@@ -73,7 +88,12 @@ class IndexEntry:
 
     @property
     def size(self) -> int:
-        return self.location.length
+        location = self.location
+        return location.length if isinstance(location, WalLocation) else location.size
+
+    @property
+    def in_wal(self) -> bool:
+        return isinstance(self.location, WalLocation)
 
     def batches_from(self, offset: int) -> tuple[BatchRef, ...]:
         """The batches holding ``offset`` and everything after it within this entry."""
@@ -87,7 +107,7 @@ class IndexEntry:
 def encode_value(
     *,
     record_count: int,
-    location: WalLocation,
+    location: WalLocation | ParquetLocation,
     min_timestamp: int,
     max_timestamp: int,
     created_ms: int,
@@ -98,13 +118,16 @@ def encode_value(
     payload: dict[str, Any] = {
         "v": FORMAT_VERSION,
         "n": record_count,
-        "wal": [location.ref, location.position, location.length],
         "ts": [min_timestamp, max_timestamp],
         "at": created_ms,
         "b": [
             [b.offset_delta, b.position, b.length, b.record_count, b.max_timestamp] for b in batches
         ],
     }
+    if isinstance(location, WalLocation):
+        payload["wal"] = [location.ref, location.position, location.length]
+    else:
+        payload["pq"] = [location.key, location.size, [list(g) for g in location.row_groups]]
     if producers:
         payload["p"] = [
             [
@@ -127,14 +150,19 @@ def decode(key: str, value: bytes) -> IndexEntry:
         payload = msgpack.unpackb(value, raw=False)
         if payload.get("v") != FORMAT_VERSION:
             raise CorruptDataError(f"index entry {key!r} has unknown version {payload.get('v')!r}")
-        ref, position, length = payload["wal"]
+        location: WalLocation | ParquetLocation
+        if "wal" in payload:
+            location = WalLocation(*payload["wal"])
+        else:
+            key, size, groups = payload["pq"]
+            location = ParquetLocation(key, size, tuple((g[0], g[1]) for g in groups))
         min_ts, max_ts = payload["ts"]
         return IndexEntry(
             stream_id=stream_id,
             end=end,
             cumulative_size=cumulative,
             record_count=payload["n"],
-            location=WalLocation(ref, position, length),
+            location=location,
             min_timestamp=min_ts,
             max_timestamp=max_ts,
             created_ms=payload["at"],

@@ -24,14 +24,13 @@ log = logging.getLogger(__name__)
 
 
 class _StreamCache:
-    """Cached entries of one stream, sorted by end offset, and the highest end seen."""
+    """Cached entries of one stream, sorted by end offset."""
 
-    __slots__ = ("ends", "entries", "known_end")
+    __slots__ = ("ends", "entries")
 
     def __init__(self) -> None:
         self.ends: list[int] = []
         self.entries: list[IndexEntry] = []
-        self.known_end = 0
 
     def find(self, offset: int) -> IndexEntry | None:
         """The cached entry holding ``offset``, if any."""
@@ -46,7 +45,6 @@ class _StreamCache:
             return False
         self.ends.insert(i, entry.end)
         self.entries.insert(i, entry)
-        self.known_end = max(self.known_end, entry.end)
         return True
 
     def evict_end(self, end: int) -> bool:
@@ -156,6 +154,12 @@ class IndexReader:
         records = await self._metadata.scan(keys.index_search_key(stream_id, after_end + 1), last)
         return [index.decode(r.key, r.value) for r in records]
 
+    def forget(self, entry: IndexEntry) -> None:
+        """Drop a cached entry that turned out stale (its WAL object is gone)."""
+        cache = self._streams.get(entry.stream_id)
+        if cache is not None and cache.evict_end(entry.end):
+            self._cached -= 1
+
     def remember(self, entry: IndexEntry) -> None:
         """Add an entry to the cache (the writer calls this for its own commits)."""
         if self._capacity == 0:
@@ -242,9 +246,8 @@ class IndexReader:
             return
         stream_id, end, _ = keys.parse_index_key(event.key)
         cache = self._streams.get(stream_id)
-        if event.kind is EventKind.DELETE:
-            if cache is not None and cache.evict_end(end):
-                self._cached -= 1
-        elif cache is not None:
-            cache.known_end = max(cache.known_end, end)
+        # A deleted entry is gone; a rewritten one (compaction put a Parquet entry under the
+        # key of the last WAL entry it replaces) is read again on next use.
+        if cache is not None and cache.evict_end(end):
+            self._cached -= 1
         self._wake(stream_id)

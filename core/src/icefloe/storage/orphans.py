@@ -15,6 +15,7 @@ import time
 from icefloe.ports.metadata import MetadataStore
 from icefloe.ports.wal import WAL
 from icefloe.storage import index, keys
+from icefloe.storage.index import WalLocation
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,9 @@ class OrphanCollector:
             page = await self._metadata.scan(start, end, limit=SCAN_PAGE)
             for record in page:
                 if keys.is_index_key(record.key):
-                    referenced.add(index.decode(record.key, record.value).location.ref)
+                    location = index.decode(record.key, record.value).location
+                    if isinstance(location, WalLocation):
+                        referenced.add(location.ref)
             if len(page) < SCAN_PAGE:
                 return referenced
             start = page[-1].key + "\x01"

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from icefloe.errors import IcefloeError
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from icefloe.compaction.parquet import rebuild_batches
+from icefloe.compaction.parquet_reader import ParquetRangeReader
+from icefloe.errors import IcefloeError, NotFoundError
+from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
 from icefloe.storage import batch as batches
 from icefloe.storage import records
-from icefloe.storage.index import IndexEntry
+from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.recent import RecentWalObjects
 
@@ -34,12 +40,16 @@ class ReadResult:
 
 
 class StreamReader:
-    """Reads batches of any stream, from this process's recent WAL objects or the WAL."""
+    """Reads batches of any stream: from this process's recent WAL objects, the WAL, or the
+    compacted Parquet files."""
 
-    def __init__(self, wal: WAL, index: IndexReader, recent: RecentWalObjects) -> None:
+    def __init__(
+        self, wal: WAL, store: ObjectStore, index: IndexReader, recent: RecentWalObjects
+    ) -> None:
         self._wal = wal
         self._index = index
         self._recent = recent
+        self._parquet = ParquetRangeReader(store)
 
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> ReadResult:
         """Batches from ``offset`` on, up to ``max_bytes`` (but always one whole batch if any).
@@ -58,9 +68,14 @@ class StreamReader:
                 if not out:
                     await self._check_range(stream_id, offset, entry)
                 break
-            chunk, next_offset, complete = await self._read_entry(
-                entry, position, max_bytes - len(out), first=not out
-            )
+            try:
+                chunk, next_offset, complete = await self._read_entry(
+                    entry, position, max_bytes - len(out), first=not out
+                )
+            except NotFoundError:
+                # Compaction replaced the entry and its WAL object is gone: look it up again.
+                self._index.forget(entry)
+                continue
             out += chunk
             position = next_offset
             if not complete or len(out) >= max_bytes:
@@ -70,7 +85,10 @@ class StreamReader:
     async def _read_entry(
         self, entry: IndexEntry, offset: int, budget: int, *, first: bool
     ) -> tuple[bytes | bytearray, int, bool]:
-        """Patched batches of one entry within ``budget``; ``complete`` if all were taken."""
+        """Batches of one entry from ``offset`` within ``budget``; ``complete`` if all were
+        taken. The first batch of a read is taken even if it exceeds the budget."""
+        if isinstance(entry.location, ParquetLocation):
+            return await self._read_parquet(entry.location, offset, budget, first=first)
         wanted = entry.batches_from(offset)
         taken = 0
         size = 0
@@ -88,8 +106,26 @@ class StreamReader:
         next_offset = entry.start + tail.offset_delta + tail.record_count
         return patched, next_offset, taken == len(wanted)
 
+    async def _read_parquet(
+        self, location: ParquetLocation, offset: int, budget: int, *, first: bool
+    ) -> tuple[bytes | bytearray, int, bool]:
+        out = bytearray()
+        groups = location.row_groups_from(offset)
+        next_offset = offset
+        for i, group in enumerate(groups):
+            table = await self._parquet.read_row_groups(location.key, location.size, [group])
+            rebuilt = rebuild_batches(_from_batch_holding(table, offset))
+            if len(out) + len(rebuilt) > budget and (out or not first):
+                return out, next_offset, False
+            out += rebuilt
+            next_offset = location.row_groups[group][1] + 1
+            if len(out) >= budget:
+                return out, next_offset, i == len(groups) - 1
+        return out, next_offset, True
+
     async def _read_chunk(self, entry: IndexEntry, start: int, end: int) -> bytes | memoryview:
         location = entry.location
+        assert isinstance(location, WalLocation)
         first, last = location.position + start, location.position + end
         cached = self._recent.read(location.ref, first, last)
         if cached is not None:
@@ -111,6 +147,11 @@ class StreamReader:
         for entry in await self._index.scan(stream_id):
             if entry.max_timestamp < timestamp:
                 continue
+            if isinstance(entry.location, ParquetLocation):
+                found = await self._parquet_offset_for_timestamp(entry.location, timestamp)
+                if found is not None:
+                    return found
+                continue
             for ref in entry.batches:
                 if ref.max_timestamp < timestamp:
                     continue
@@ -121,3 +162,25 @@ class StreamReader:
                     if record.timestamp >= timestamp:
                         return record.offset
         return None
+
+    async def _parquet_offset_for_timestamp(
+        self, location: ParquetLocation, timestamp: int
+    ) -> int | None:
+        for group in range(len(location.row_groups)):
+            table = await self._parquet.read_row_groups(location.key, location.size, [group])
+            micros = pc.cast(table.column("timestamp"), pa.int64())
+            hits = pc.filter(table.column("offset"), pc.greater_equal(micros, timestamp * 1000))
+            if len(hits):
+                return int(hits[0].as_py())
+        return None
+
+
+def _from_batch_holding(table: pa.Table, offset: int) -> pa.Table:
+    """The rows of ``table`` from the batch holding ``offset`` on (batches are never split)."""
+    offsets = table.column("offset")
+    later = pc.greater_equal(offsets, offset)
+    if not pc.any(later).as_py():
+        return table.slice(0, 0)
+    first_row = int(pc.index(later, True).as_py())
+    base = table.column("batch_base_offset")[first_row]
+    return table.filter(pc.greater_equal(table.column("batch_base_offset"), base))

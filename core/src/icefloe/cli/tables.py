@@ -1,0 +1,137 @@
+"""``icefloe compact`` and ``icefloe tables``: compaction by hand, and where the tables are."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import click
+
+from icefloe import config as configuration
+from icefloe.broker.topics import TopicRegistry
+from icefloe.compaction.committer import table_name
+from icefloe.compaction.service import LEADER_KEY, Compactor, Progress
+from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.ports.metadata import MUST_NOT_EXIST
+from icefloe.storage.engine import StreamStorage
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def _compactor(ctx: click.Context) -> AsyncIterator[Compactor]:
+    config = configuration.load_config(ctx.obj.get("config_path"))
+    async with await StreamStorage.open(config) as storage:
+        topics = TopicRegistry(storage)
+        await topics.start()
+        compactor = await Compactor.open(config, storage, topics)
+        try:
+            yield compactor
+        finally:
+            await compactor.close()
+            await topics.close()
+
+
+def _run(ctx: click.Context, body: Callable[[Compactor], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with _compactor(ctx) as compactor:
+            return await body(compactor)
+
+    return asyncio.run(main())
+
+
+@click.command()
+@click.option("--until-idle", is_flag=True, help="Compact everything now, ignoring ages and sizes.")
+@click.pass_context
+def compact(ctx: click.Context, until_idle: bool) -> None:
+    """Compact streams into Parquet and commit them to the configured tables.
+
+    Without --until-idle, runs one round as the background compactor would. Refuses to run
+    while a broker leads compaction (stop `icefloe serve` or let it do the work).
+    """
+
+    async def body(compactor: Compactor) -> None:
+        metadata = compactor.storage.metadata
+        async with await metadata.open_session(10.0) as session:
+            try:
+                await metadata.put(
+                    LEADER_KEY, b"cli", expected_version=MUST_NOT_EXIST, session=session
+                )
+            except AlreadyExistsError:
+                raise IcefloeError(
+                    "a running broker leads compaction; stop `icefloe serve` first, or let it "
+                    "compact (it runs every [compactor] interval_s)"
+                ) from None
+            if not until_idle:
+                progress = await compactor.compact_once()
+                click.echo(_describe(progress) if progress else "nothing is due for compaction")
+                return
+            waiting = sum([(await compactor.backlog(t))[1] for t in compactor.topics.cached()])
+            with click.progressbar(length=max(waiting, 1), label="compacting") as bar:
+                tasks = await compactor.until_idle(lambda p: bar.update(p.wal_bytes))
+            click.echo(f"{tasks} task{'s' if tasks != 1 else ''} done")
+
+    _run(ctx, body)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def tables(ctx: click.Context, as_json: bool) -> None:
+    """Show each topic's tables: identifier, locations, version and lag behind the stream."""
+
+    async def body(compactor: Compactor) -> list[dict[str, Any]]:
+        rows = []
+        for topic in compactor.topics.cached():
+            lag, _ = await compactor.backlog(topic)
+            spec = compactor.committer.table_spec(topic.name)
+            for catalog in compactor.catalogs:
+                info = await catalog.ensure_table(spec)
+                rows.append(
+                    {
+                        "topic": topic.name,
+                        "format": type(catalog).__name__,
+                        "identifier": info.identifier,
+                        "location": info.location,
+                        "metadata_location": info.metadata_location,
+                        "commit": await catalog.last_commit(spec),
+                        "lag_records": lag,
+                    }
+                )
+            if not compactor.catalogs:
+                rows.append(
+                    {
+                        "topic": topic.name,
+                        "format": None,
+                        "identifier": table_name(topic.name),
+                        "location": spec.location,
+                        "metadata_location": None,
+                        "commit": None,
+                        "lag_records": lag,
+                    }
+                )
+        return rows
+
+    rows = _run(ctx, body)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no topics")
+    for row in rows:
+        click.echo(
+            f"{row['topic']}: {row['format'] or 'no table format enabled'} "
+            f"{row['identifier']} at {row['location']}"
+            + (f" (metadata {row['metadata_location']})" if row["metadata_location"] else "")
+            + f", commit {row['commit']}, {row['lag_records']} records not yet in the table"
+        )
+
+
+def _describe(progress: Progress) -> str:
+    return (
+        f"compacted {progress.records} records of {progress.streams} streams: "
+        f"{progress.wal_bytes} WAL bytes into {progress.parquet_bytes} Parquet bytes"
+    )

@@ -1,0 +1,285 @@
+"""The compaction saga: files written → committed to each table format → index swapped.
+
+Each task is a record in the metadata store that moves through these states by
+compare-and-set; a crash anywhere leaves a record that the next leader finishes:
+
+``planned``   the task is chosen; running it writes the Parquet files (deterministic paths and
+              contents, so running it again is harmless).
+``written``   the files exist; the task holds one commit sequence per table, allocated before
+              any commit, so that each format can tell a replay from a new commit.
+``committed`` every enabled format has the files (each format skips a sequence it already has).
+``swapped``   for each stream, the Parquet entry replaced the WAL entries in the index; the
+              record is deleted. The WAL objects, now unreferenced, are collected later.
+
+The index swap keeps readers whole: the Parquet entry is written under the key of the *last*
+WAL entry it replaces (same end offset and cumulative size), then the other WAL entries are
+deleted from the last to the first, so a look-up always finds an entry holding its offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import msgpack
+
+from icefloe.compaction.planner import Plan
+from icefloe.errors import ConflictError
+from icefloe.ports.catalog import Catalog, DataFile, TableSpec
+from icefloe.ports.compaction import CompactionEngine, CompactionTask, StreamRange, WrittenFile
+from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Record
+from icefloe.ports.object_store import ObjectStore
+from icefloe.storage import counters, index, keys
+from icefloe.storage.index import IndexEntry, ParquetLocation, ProducerBatch
+from icefloe.tables import layout
+from icefloe.tables.schema import ROW_SCHEMA
+
+log = logging.getLogger(__name__)
+
+TASKS: Final = "compaction/tasks/"
+KEPT_PRODUCER_BATCHES: Final = 5
+
+
+@dataclass
+class TaskRecord:
+    """The persisted state of one compaction task."""
+
+    task: CompactionTask
+    streams: list[tuple[str, int, int, list[str]]]
+    """(topic, partition, stream id, index keys replaced — the last one is rewritten)."""
+    state: str = "planned"
+    files: list[WrittenFile] | None = None
+    sequences: dict[str, int] | None = None
+    created_ms: int = 0
+    version: int = MUST_NOT_EXIST
+
+    @property
+    def key(self) -> str:
+        return TASKS + f"{self.created_ms:015d}-{self.task.task_id}"
+
+    def encode(self) -> bytes:
+        payload = {
+            "task": [
+                self.task.task_id,
+                [asdict(r) for r in self.task.ranges],
+                [list(p) for p in self.task.output_paths],
+            ],
+            "streams": self.streams,
+            "state": self.state,
+            "files": [asdict(f) for f in self.files] if self.files is not None else None,
+            "sequences": self.sequences,
+            "created_ms": self.created_ms,
+        }
+        return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls, record: Record) -> TaskRecord:
+        p = msgpack.unpackb(record.value, raw=False)
+        task_id, ranges, outputs = p["task"]
+        task = CompactionTask(
+            task_id,
+            tuple(StreamRange(**r) for r in ranges),
+            tuple((int(s), str(k)) for s, k in outputs),
+        )
+        files = None
+        if p["files"] is not None:
+            files = [
+                WrittenFile(**{**f, "row_groups": tuple(tuple(g) for g in f["row_groups"])})
+                for f in p["files"]
+            ]
+        return cls(
+            task,
+            [(t, pa, s, list(ks)) for t, pa, s, ks in p["streams"]],
+            p["state"],
+            files,
+            p["sequences"],
+            p["created_ms"],
+            record.version,
+        )
+
+
+class Committer:
+    """Runs tasks through the saga; only the compaction leader uses one."""
+
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        store: ObjectStore,
+        engine: CompactionEngine,
+        catalogs: Sequence[Catalog],
+        namespace: str,
+        *,
+        expire_every: int = 20,
+        history_retention_s: float = 3600.0,
+    ) -> None:
+        self._metadata = metadata
+        self._store = store
+        self._engine = engine
+        self._catalogs = list(catalogs)
+        self._namespace = namespace
+        self._expire_every = expire_every
+        self._history_ms = int(history_retention_s * 1000)
+        self._ensured: set[tuple[int, str]] = set()
+
+    async def unfinished(self) -> list[TaskRecord]:
+        """Tasks a previous leader started and did not finish, oldest first."""
+        records = await self._metadata.scan(TASKS, TASKS[:-1] + "0")
+        return [TaskRecord.decode(r) for r in records]
+
+    async def start(self, plan: Plan) -> TaskRecord:
+        """Persist a new task in state ``planned``."""
+        record = TaskRecord(
+            plan.task,
+            [
+                (s.topic, s.partition, s.stream_id, [_entry_key(e) for e in s.entries])
+                for s in plan.streams
+            ],
+            created_ms=int(time.time() * 1000),
+        )
+        await self._save(record)
+        return record
+
+    async def finish(self, record: TaskRecord) -> TaskRecord:
+        """Take a task from whatever state it is in to the end of the saga."""
+        if record.state == "planned":
+            record.files = await self._engine.run([record.task])
+            record.sequences = {
+                topic: await counters.increment(self._metadata, f"table-sequence/{topic}")
+                for topic in sorted({t for t, _, _, _ in record.streams})
+            }
+            record.state = "written"
+            await self._save(record)
+        if record.state == "written":
+            await self._commit_tables(record)
+            record.state = "committed"
+            await self._save(record)
+        if record.state == "committed":
+            for _, _, stream_id, replaced in record.streams:
+                await self._swap(record, stream_id, replaced)
+            await self._metadata.delete(record.key)
+            record.state = "swapped"
+        return record
+
+    # --- steps ------------------------------------------------------------------------------
+
+    async def _commit_tables(self, record: TaskRecord) -> None:
+        assert record.files is not None
+        assert record.sequences is not None
+        files_by_topic: dict[str, list[DataFile]] = {}
+        topic_of = {stream_id: topic for topic, _, stream_id, _ in record.streams}
+        partition_of = {stream_id: p for _, p, stream_id, _ in record.streams}
+        now_ms = int(time.time() * 1000)
+        for f in record.files:
+            topic = topic_of[f.stream_id]
+            files_by_topic.setdefault(topic, []).append(
+                DataFile(
+                    layout.relative_path(self._namespace, topic, f.path),
+                    f.size,
+                    f.record_count,
+                    partition_of[f.stream_id],
+                    now_ms,
+                )
+            )
+        for catalog in self._catalogs:
+            for topic, files in sorted(files_by_topic.items()):
+                spec = self.table_spec(topic)
+                if (id(catalog), topic) not in self._ensured:
+                    await catalog.ensure_table(spec)
+                    self._ensured.add((id(catalog), topic))
+                sequence = record.sequences[topic]
+                await catalog.commit(spec, sequence, files)
+                if sequence % self._expire_every == 0:
+                    await catalog.expire(spec, now_ms - self._history_ms)
+
+    async def _swap(self, record: TaskRecord, stream_id: int, replaced: list[str]) -> None:
+        assert record.files is not None
+        file = next(f for f in record.files if f.stream_id == stream_id)
+        last_key = replaced[-1]
+        current = await self._metadata.get(last_key)
+        if current is None:
+            log.warning("stream %d changed under compaction (topic deleted?); skipping", stream_id)
+            return
+        entry = index.decode(current.key, current.value)
+        if not _is_ours(entry, file):
+            producers = await self._producer_batches(replaced, file.start_offset)
+            value = index.encode_value(
+                record_count=file.end_offset - file.start_offset,
+                location=ParquetLocation(file.path, file.size, file.row_groups),
+                min_timestamp=file.min_timestamp,
+                max_timestamp=file.max_timestamp,
+                created_ms=int(time.time() * 1000),
+                batches=(),
+                producers=producers,
+            )
+            try:
+                await self._metadata.put(last_key, value, expected_version=current.version)
+            except ConflictError:
+                log.warning("index entry %s changed during the swap; retrying later", last_key)
+                raise
+        for key in reversed(replaced[:-1]):  # last to first: no look-up ever sees a gap
+            await self._metadata.delete(key)
+
+    async def _producer_batches(self, keys_: list[str], start: int) -> tuple[ProducerBatch, ...]:
+        """The last few idempotent batches per producer of the replaced WAL entries."""
+        kept: dict[int, list[ProducerBatch]] = {}
+        for key in keys_:
+            record = await self._metadata.get(key)
+            if record is None:
+                continue
+            entry = index.decode(record.key, record.value)
+            for p in entry.producers:
+                moved = ProducerBatch(
+                    p.producer_id,
+                    p.producer_epoch,
+                    p.first_sequence,
+                    p.last_sequence,
+                    entry.start + p.offset_delta - start,
+                    p.record_count,
+                )
+                kept.setdefault(p.producer_id, []).append(moved)
+        return tuple(b for batches in kept.values() for b in batches[-KEPT_PRODUCER_BATCHES:])
+
+    async def _save(self, record: TaskRecord) -> None:
+        written = await self._metadata.put(
+            record.key, record.encode(), expected_version=record.version
+        )
+        record.version = written.version
+
+    def table_spec(self, topic: str) -> TableSpec:
+        """The table of ``topic`` in this cluster's object store."""
+        return TableSpec(
+            namespace=self._namespace,
+            name=table_name(topic),
+            location=self._store.url(layout.table_root(self._namespace, topic)),
+            schema=ROW_SCHEMA,
+            metadata_location=self._store.url(layout.iceberg_metadata_root(self._namespace, topic)),
+            properties={"icefloe.topic": topic},
+        )
+
+
+def table_name(topic: str) -> str:
+    """Table identifiers treat ``.`` as a namespace separator: topics use ``_`` instead."""
+    return topic.replace(".", "_")
+
+
+def _entry_key(entry: IndexEntry) -> str:
+    return keys.index_key(entry.stream_id, entry.end, entry.cumulative_size)
+
+
+def _is_ours(entry: IndexEntry, file: WrittenFile) -> bool:
+    location = entry.location
+    return isinstance(location, ParquetLocation) and location.key == file.path
+
+
+def describe(record: TaskRecord) -> dict[str, Any]:
+    """A summary of a task for logs and progress output."""
+    return {
+        "task": record.task.task_id,
+        "state": record.state,
+        "streams": len(record.streams),
+        "wal_objects": len(record.task.refs()),
+        "files": len(record.files or ()),
+    }

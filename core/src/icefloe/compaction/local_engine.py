@@ -1,0 +1,48 @@
+"""The in-process compaction engine: tasks run in worker processes on this machine.
+
+Decoding records and encoding Parquet is CPU-bound Python; running it in worker processes keeps
+the broker's event loop responsive and uses the machine's other cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Self
+
+from pydantic import Field
+
+from icefloe.compaction.task import run_task_in_worker
+from icefloe.errors import ConfigError
+from icefloe.ports.base import BackendOptions, OpenContext
+from icefloe.ports.compaction import CompactionEngine, CompactionTask, WrittenFile
+
+
+class LocalCompactionOptions(BackendOptions):
+    workers: int = Field(default=1, ge=1, le=64)
+    """Worker processes; tasks beyond this many wait."""
+
+
+class LocalCompactionEngine(CompactionEngine):
+    options_model = LocalCompactionOptions
+
+    def __init__(self, config: Any, workers: int) -> None:
+        self._config = config
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+    @classmethod
+    async def open(cls, options: LocalCompactionOptions, context: OpenContext) -> Self:
+        if context.config is None:
+            raise ConfigError("the local compaction engine needs the configuration to run tasks")
+        return cls(context.config, options.workers)
+
+    async def _run(self, tasks: list[CompactionTask]) -> list[WrittenFile]:
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(loop.run_in_executor(self._pool, run_task_in_worker, self._config, t) for t in tasks)
+        )
+        return [file for files in results for file in files]
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._pool.shutdown, True, cancel_futures=True)

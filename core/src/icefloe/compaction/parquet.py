@@ -1,0 +1,187 @@
+"""Kafka record batches to Parquet rows and back.
+
+A data file holds one stream's records ``[start, end)`` with :data:`ROW_SCHEMA`. Rows keep their
+batch's base offset and attributes, so the batches a consumer fetched from the WAL can be
+rebuilt from the table with the same offsets, keys, values, headers and timestamps (records are
+re-encoded uncompressed: compression is a transport detail the consumer decodes anyway).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from icefloe.storage.batch import TimestampType
+from icefloe.storage.records import Record, build_batch, decode_batch
+from icefloe.tables.schema import ROW_SCHEMA
+
+ROW_GROUP_BYTES: Final = 1 << 20
+"""Target uncompressed size of a row group: about what one fetch of a partition returns."""
+STATISTICS_COLUMNS: Final = ["partition", "offset", "timestamp", "batch_base_offset"]
+_COMPRESSION_BITS: Final = 0x07
+_TRANSACTIONAL_BIT: Final = 0x10
+
+
+@dataclass(frozen=True, slots=True)
+class RowGroupRange:
+    """Offsets ``[first, last]`` held by one row group of a data file."""
+
+    first: int
+    last: int
+
+
+class RowBuilder:
+    """Accumulates the rows of one stream's data file from its record batches."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self._columns: dict[str, list[object]] = {name: [] for name in ROW_SCHEMA.names}
+
+    def add_batch(self, batch: bytes | memoryview, base_offset: int) -> None:
+        """Decode one batch whose first record has offset ``base_offset``."""
+        header, records = decode_batch(batch, base_offset=base_offset)
+        attributes = header.attributes & ~_COMPRESSION_BITS
+        timestamp_type = int(header.timestamp_type)
+        c = self._columns
+        for record in records:
+            c["partition"].append(self.partition)
+            c["offset"].append(record.offset)
+            c["timestamp"].append(record.timestamp * 1000)  # ms → µs
+            c["timestamp_type"].append(timestamp_type)
+            c["key"].append(record.key)
+            c["value"].append(record.value)
+            c["headers"].append([{"key": k, "value": v} for k, v in record.headers])
+            c["batch_base_offset"].append(base_offset)
+            c["batch_attributes"].append(attributes)
+            c["producer_id"].append(header.producer_id)
+            c["producer_epoch"].append(header.producer_epoch)
+            c["base_sequence"].append(header.base_sequence)
+
+    @property
+    def rows(self) -> int:
+        return len(self._columns["offset"])
+
+    def table(self) -> pa.Table:
+        arrays = [pa.array(self._columns[f.name], type=f.type) for f in ROW_SCHEMA]
+        return pa.Table.from_arrays(arrays, schema=ROW_SCHEMA)
+
+
+def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
+    """The Parquet bytes of ``table`` (zstd, offset-sized row groups) and its row-group map.
+
+    Row groups never split a batch, so a fetch that starts at a batch boundary reads whole
+    row groups only.
+    """
+    rows_per_group = _rows_per_group(table)
+    sink = io.BytesIO()
+    with pq.ParquetWriter(
+        sink,
+        ROW_SCHEMA,
+        compression="zstd",
+        write_statistics=STATISTICS_COLUMNS,
+        store_schema=False,  # no Arrow metadata: Iceberg and Delta read the Parquet schema
+    ) as writer:
+        for chunk in _batch_aligned_slices(table, rows_per_group):
+            writer.write_table(chunk, row_group_size=chunk.num_rows)
+    data = sink.getvalue()
+    metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+    offset_index = ROW_SCHEMA.get_field_index("offset")
+    ranges = []
+    for i in range(metadata.num_row_groups):
+        stats = metadata.row_group(i).column(offset_index).statistics
+        ranges.append(RowGroupRange(int(stats.min), int(stats.max)))
+    return data, tuple(ranges)
+
+
+def _rows_per_group(table: pa.Table) -> int:
+    if table.num_rows == 0:
+        return 1
+    average = max(1, int(table.nbytes) // int(table.num_rows))
+    return max(1, ROW_GROUP_BYTES // average)
+
+
+def _batch_aligned_slices(table: pa.Table, rows: int) -> Iterable[pa.Table]:
+    """Slices of about ``rows`` rows that end on a batch boundary."""
+    bases = table.column("batch_base_offset").to_pylist()
+    start = 0
+    while start < table.num_rows:
+        end = min(start + rows, table.num_rows)
+        while end < table.num_rows and bases[end] == bases[end - 1]:
+            end += 1
+        yield table.slice(start, end - start)
+        start = end
+
+
+def rebuild_batches(table: pa.Table) -> bytes:
+    """Kafka record batches (uncompressed) for the rows of ``table``, in offset order."""
+    micros = table.column("timestamp").cast(pa.int64()).to_pylist()
+    rows = _Rows(
+        offsets=table.column("offset").to_pylist(),
+        millis=[m // 1000 for m in micros],
+        keys=table.column("key").to_pylist(),
+        values=table.column("value").to_pylist(),
+        headers=table.column("headers").to_pylist(),
+        bases=table.column("batch_base_offset").to_pylist(),
+        attributes=table.column("batch_attributes").to_pylist(),
+        timestamp_types=table.column("timestamp_type").to_pylist(),
+        producer_ids=table.column("producer_id").to_pylist(),
+        producer_epochs=table.column("producer_epoch").to_pylist(),
+        base_sequences=table.column("base_sequence").to_pylist(),
+    )
+    out = bytearray()
+    i = 0
+    while i < table.num_rows:
+        j = i
+        while j < table.num_rows and rows.bases[j] == rows.bases[i]:
+            j += 1
+        out += rows.batch(i, j)
+        i = j
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """Columns of a table slice as Python lists, for rebuilding batches."""
+
+    offsets: list[int]
+    millis: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[dict[str, object]]]
+    bases: list[int]
+    attributes: list[int]
+    timestamp_types: list[int]
+    producer_ids: list[int]
+    producer_epochs: list[int]
+    base_sequences: list[int]
+
+    def batch(self, i: int, j: int) -> bytes:
+        """The batch of rows ``[i, j)``, which share one base offset."""
+        records = [
+            Record(
+                self.offsets[k],
+                self.millis[k],
+                self.keys[k],
+                self.values[k],
+                tuple((str(h["key"]), _optional_bytes(h["value"])) for h in self.headers[k]),
+            )
+            for k in range(i, j)
+        ]
+        return build_batch(
+            records,
+            base_offset=self.bases[i],
+            producer_id=self.producer_ids[i],
+            producer_epoch=self.producer_epochs[i],
+            base_sequence=self.base_sequences[i],
+            timestamp_type=TimestampType(self.timestamp_types[i]),
+            is_transactional=bool(self.attributes[i] & _TRANSACTIONAL_BIT),
+        )
+
+
+def _optional_bytes(value: object) -> bytes | None:
+    return None if value is None else bytes(value)  # type: ignore[call-overload]

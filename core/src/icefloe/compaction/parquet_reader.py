@@ -1,0 +1,123 @@
+"""Reading chosen row groups of a Parquet file through the ObjectStore port.
+
+pyarrow reads Parquet from a synchronous file; the object store is asynchronous and remote. So
+the reads pyarrow will need are fetched first, with ranged GETs (the footer, then the column
+chunks of the wanted row groups), into a sparse in-memory file that pyarrow then reads without
+I/O. Footers are cached, so a consumer catching up through a file costs one GET per row group.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections import OrderedDict
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from icefloe.ports.object_store import ObjectStore
+
+TAIL_GUESS: Final = 64 << 10
+"""Bytes fetched from the end of a file at once: usually the whole footer in one GET."""
+
+
+class _SparseFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only some ranges are present."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._ranges: list[tuple[int, bytes]] = []
+        self._position = 0
+
+    def add(self, start: int, data: bytes) -> None:
+        self._ranges.append((start, data))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = base + offset
+        return self._position
+
+    def read(self, size: int = -1) -> bytes:
+        end = self._size if size < 0 else min(self._size, self._position + size)
+        for start, data in self._ranges:
+            if start <= self._position and end <= start + len(data):
+                chunk = data[self._position - start : end - start]
+                self._position = end
+                return chunk
+        raise OSError(f"bytes [{self._position}, {end}) were not fetched")
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class ParquetRangeReader:
+    """Reads row groups of Parquet files in an object store, caching footers."""
+
+    def __init__(self, store: ObjectStore, footer_cache: int = 256) -> None:
+        self._store = store
+        self._footers: OrderedDict[str, tuple[int, bytes, pq.FileMetaData]] = OrderedDict()
+        self._capacity = footer_cache
+
+    async def read_row_groups(self, key: str, size: int, row_groups: list[int]) -> pa.Table:
+        """The rows of ``row_groups`` (indices) of the file ``key`` of ``size`` bytes."""
+        tail_start, tail, metadata = await self._footer(key, size)
+        sparse = _SparseFile(size)
+        sparse.add(tail_start, tail)
+        for start, end in _column_chunk_ranges(metadata, row_groups):
+            if start < tail_start:
+                sparse.add(start, await self._store.get(key, start, min(end, tail_start)))
+        return pq.ParquetFile(sparse).read_row_groups(row_groups)
+
+    async def _footer(self, key: str, size: int) -> tuple[int, bytes, pq.FileMetaData]:
+        cached = self._footers.get(key)
+        if cached is not None:
+            self._footers.move_to_end(key)
+            return cached
+        tail_start = max(0, size - TAIL_GUESS)
+        tail = await self._store.get(key, tail_start, size)
+        (footer_length,) = struct.unpack_from("<i", tail, len(tail) - 8)
+        needed = footer_length + 8
+        if needed > len(tail):
+            tail_start = size - needed
+            tail = await self._store.get(key, tail_start, size)
+        sparse = _SparseFile(size)
+        sparse.add(tail_start, tail)
+        metadata = pq.ParquetFile(sparse).metadata
+        entry = (tail_start, tail, metadata)
+        self._footers[key] = entry
+        while len(self._footers) > self._capacity:
+            self._footers.popitem(last=False)
+        return entry
+
+
+def _column_chunk_ranges(metadata: pq.FileMetaData, row_groups: list[int]) -> list[tuple[int, int]]:
+    """Byte ranges of every column chunk of the row groups, merged where adjacent."""
+    ranges = []
+    for i in row_groups:
+        group = metadata.row_group(i)
+        for j in range(group.num_columns):
+            column = group.column(j)
+            start = column.data_page_offset
+            if column.has_dictionary_page and column.dictionary_page_offset is not None:
+                start = min(start, column.dictionary_page_offset)
+            ranges.append((start, start + column.total_compressed_size))
+    ranges.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged

@@ -1,0 +1,119 @@
+"""Choosing what to compact: per stream, a run of WAL entries from the start of its WAL part.
+
+A stream's index is some Parquet entries (compacted) followed by WAL entries. A stream is due
+when its WAL part holds ``min_bytes`` or its oldest WAL entry is ``max_age_s`` old (topic configs
+may override both); then its WAL entries older than ``min_age_s`` are taken, oldest first.
+Streams are packed into one task up to ``max_task_bytes``, and a WAL object that several
+chosen streams share is read once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from icefloe.broker.topics import Topic
+from icefloe.compaction.options import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, CompactorOptions
+from icefloe.ports.compaction import CompactionTask, StreamRange
+from icefloe.storage.index import IndexEntry, WalLocation
+from icefloe.storage.index_reader import IndexReader
+from icefloe.tables import layout
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """One stream's share of a task: the index entries it replaces."""
+
+    topic: str
+    partition: int
+    stream_id: int
+    entries: tuple[IndexEntry, ...]
+
+    @property
+    def start(self) -> int:
+        return self.entries[0].start
+
+    @property
+    def end(self) -> int:
+        return self.entries[-1].end
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    task: CompactionTask
+    streams: tuple[StreamPlan, ...]
+
+
+async def plan_task(
+    index: IndexReader,
+    topics: Sequence[Topic],
+    options: CompactorOptions,
+    namespace: str,
+    now_ms: int,
+    *,
+    force: bool = False,
+) -> Plan | None:
+    """The next task, or ``None`` when nothing is due. ``force`` ignores ages and sizes."""
+    budget = options.max_task_bytes
+    chosen: list[StreamPlan] = []
+    for topic in topics:
+        for partition, stream_id in enumerate(topic.streams):
+            wal_entries = [e for e in await index.scan(stream_id) if e.in_wal]
+            entries = _due(wal_entries, topic, options, now_ms, force, budget)
+            if entries:
+                chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
+                budget -= sum(e.size for e in entries)
+            if budget <= 0:
+                return _plan(chosen, namespace)
+    return _plan(chosen, namespace) if chosen else None
+
+
+def _due(
+    entries: list[IndexEntry],
+    topic: Topic,
+    options: CompactorOptions,
+    now_ms: int,
+    force: bool,
+    budget: int,
+) -> list[IndexEntry]:
+    if not entries:
+        return []
+    max_age_ms = int(topic.configs.get(MAX_AGE_CONFIG, options.max_age_s * 1000))
+    min_bytes = int(topic.configs.get(MIN_BYTES_CONFIG, options.min_bytes))
+    waiting = sum(e.size for e in entries)
+    if not force and waiting < min_bytes and now_ms - entries[0].created_ms < max_age_ms:
+        return []
+    taken: list[IndexEntry] = []
+    for entry in entries:
+        if not force and now_ms - entry.created_ms < options.min_age_s * 1000:
+            break
+        if taken and (budget <= 0 or entry.start != taken[-1].end):
+            break
+        taken.append(entry)
+        budget -= entry.size
+    return taken
+
+
+def _plan(streams: list[StreamPlan], namespace: str) -> Plan:
+    task_id = uuid.uuid4().hex
+    ranges = []
+    outputs = []
+    for s in streams:
+        for entry in s.entries:
+            location = entry.location
+            assert isinstance(location, WalLocation)
+            ranges.append(
+                StreamRange(
+                    s.stream_id,
+                    s.partition,
+                    entry.start,
+                    entry.end,
+                    location.ref,
+                    location.position,
+                    location.position + location.length,
+                )
+            )
+        name = f"{s.start:020d}-{s.end:020d}.parquet"
+        outputs.append((s.stream_id, layout.data_file(namespace, s.topic, s.partition, name)))
+    return Plan(CompactionTask(task_id, tuple(ranges), tuple(outputs)), tuple(streams))

@@ -1,0 +1,175 @@
+"""The compactor: one leader in the cluster plans tasks and runs them through the saga.
+
+Leadership is an ephemeral key held through a metadata-store session, so when the leader dies
+another broker takes over within the lease time and first finishes the tasks it left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, Self
+
+from icefloe import config as configuration
+from icefloe.broker.topics import Topic, TopicRegistry
+from icefloe.compaction.committer import Committer, TaskRecord
+from icefloe.compaction.options import CompactorOptions
+from icefloe.compaction.planner import plan_task
+from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.ports.base import OpenContext, PortKind
+from icefloe.ports.catalog import Catalog
+from icefloe.ports.compaction import CompactionEngine
+from icefloe.ports.metadata import MUST_NOT_EXIST
+from icefloe.storage.engine import StreamStorage
+
+log = logging.getLogger(__name__)
+
+LEADER_KEY: Final = "compaction/leader"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What one task did, for progress reporting."""
+
+    streams: int
+    records: int
+    wal_bytes: int
+    parquet_bytes: int
+
+
+class Compactor:
+    """Plans and runs compaction for every topic."""
+
+    def __init__(
+        self,
+        storage: StreamStorage,
+        topics: TopicRegistry,
+        engine: CompactionEngine,
+        catalogs: Sequence[Catalog],
+        options: CompactorOptions,
+        namespace: str,
+    ) -> None:
+        self.storage = storage
+        self.topics = topics
+        self._engine = engine
+        self.catalogs = list(catalogs)
+        self._options = options
+        self._namespace = namespace
+        self.committer = Committer(
+            storage.metadata,
+            storage.object_store,
+            engine,
+            catalogs,
+            namespace,
+            expire_every=options.expire_every_commits,
+            history_retention_s=options.history_retention_s,
+        )
+
+    @classmethod
+    async def open(
+        cls, config: configuration.Config, storage: StreamStorage, topics: TopicRegistry
+    ) -> Self:
+        """Open the configured compaction engine and table formats."""
+        context = OpenContext(
+            data_dir=config.data_dir,
+            object_store=storage.object_store,
+            wal=storage.wal,
+            config=config,
+        )
+        engine = await configuration.resolve_one(config, PortKind.COMPACTION).open(context)
+        catalogs = [
+            await backend.open(context) for backend in configuration.resolve(config, PortKind.TABLE)
+        ]
+        return cls(
+            storage,
+            topics,
+            engine,  # type: ignore[arg-type]
+            catalogs,  # type: ignore[arg-type]
+            config.compactor,
+            config.tables.namespace,
+        )
+
+    async def backlog(self, topic: Topic) -> tuple[int, int]:
+        """(records, bytes) of ``topic`` still only in the WAL."""
+        records = size = 0
+        for stream in topic.streams:
+            for entry in await self.storage.index.scan(stream):
+                if entry.in_wal:
+                    records += entry.record_count
+                    size += entry.size
+        return records, size
+
+    async def close(self) -> None:
+        await self._engine.close()
+        for catalog in self.catalogs:
+            await catalog.close()
+
+    async def compact_once(self, *, force: bool = False) -> Progress | None:
+        """Finish any unfinished task, then plan and run one new task if one is due."""
+        for record in await self.committer.unfinished():
+            log.info("resuming compaction task %s from %s", record.task.task_id, record.state)
+            await self.committer.finish(record)
+        plan = await plan_task(
+            self.storage.index,
+            self.topics.cached(),
+            self._options,
+            self._namespace,
+            int(time.time() * 1000),
+            force=force,
+        )
+        if plan is None:
+            return None
+        record = await self.committer.finish(await self.committer.start(plan))
+        return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
+
+    async def until_idle(self, report: Callable[[Progress], None] | None = None) -> int:
+        """Compact everything now (ignoring ages and sizes); return the number of tasks."""
+        tasks = 0
+        while (progress := await self.compact_once(force=True)) is not None:
+            tasks += 1
+            if report is not None:
+                report(progress)
+        return tasks
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Compete for leadership and compact every ``interval_s`` while leader."""
+        metadata = self.storage.metadata
+        while not stop.is_set():
+            session = await metadata.open_session(self._options.lease_ttl_s)
+            try:
+                await metadata.put(
+                    LEADER_KEY, b"", expected_version=MUST_NOT_EXIST, session=session
+                )
+            except AlreadyExistsError:
+                await session.close()
+                await _sleep_until(stop, self._options.interval_s)
+                continue
+            log.info("this broker leads compaction")
+            try:
+                while not stop.is_set() and session.alive:
+                    try:
+                        await self.compact_once()
+                    except IcefloeError:
+                        log.warning("compaction failed; will retry", exc_info=True)
+                    await _sleep_until(stop, self._options.interval_s)
+            finally:
+                await session.close()
+
+
+def _progress(record: TaskRecord, wal_bytes: int) -> Progress:
+    files = record.files or []
+    return Progress(
+        streams=len(record.streams),
+        records=sum(f.record_count for f in files),
+        wal_bytes=wal_bytes,
+        parquet_bytes=sum(f.size for f in files),
+    )
+
+
+async def _sleep_until(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,98 @@
+"""Running one compaction task: read each WAL object once, split by stream, write Parquet.
+
+The same function runs in the in-process engine's worker process and on Spark executors: it
+opens the WAL and object store from the configuration it is given, so it needs nothing from the
+process that planned the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+from icefloe import config as configuration
+from icefloe.compaction.parquet import RowBuilder, encode_parquet
+from icefloe.errors import CorruptDataError
+from icefloe.ports.base import OpenContext, PortKind
+from icefloe.ports.compaction import CompactionTask, StreamRange, WrittenFile
+from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.wal import WAL
+from icefloe.storage.batch import read_header
+
+
+async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[WrittenFile]:
+    """Run ``task``: one GET per WAL object, one Parquet file per stream."""
+    pieces: dict[int, list[tuple[StreamRange, memoryview]]] = defaultdict(list)
+    for ref in task.refs():
+        wal_object = memoryview(await wal.read(ref))
+        for r in task.ranges:
+            if r.wal_ref == ref:
+                pieces[r.stream_id].append((r, wal_object[r.byte_start : r.byte_end]))
+    outputs = dict(task.output_paths)
+    written = []
+    for stream_id, stream_pieces in sorted(pieces.items()):
+        stream_pieces.sort(key=lambda piece: piece[0].start_offset)
+        parquet, facts = await asyncio.to_thread(_encode_stream, stream_id, stream_pieces)
+        await store.put(outputs[stream_id], parquet)
+        written.append(
+            WrittenFile(task.task_id, stream_id, outputs[stream_id], len(parquet), **facts)
+        )
+    return written
+
+
+def _encode_stream(
+    stream_id: int, pieces: list[tuple[StreamRange, memoryview]]
+) -> tuple[bytes, dict[str, Any]]:
+    """Decode a stream's chunks (in offset order) and encode them as one Parquet file."""
+    builder = RowBuilder(pieces[0][0].partition)
+    expected = pieces[0][0].start_offset
+    min_ts, max_ts = 2**63 - 1, -(2**63)
+    for r, chunk in pieces:
+        if r.start_offset != expected:
+            raise CorruptDataError(
+                f"stream {stream_id}: compaction ranges leave a gap at offset {expected}"
+            )
+        offset = r.start_offset
+        position = 0
+        while position < len(chunk):
+            header = read_header(chunk, position)
+            builder.add_batch(chunk[position : position + header.size], offset)
+            min_ts = min(min_ts, header.base_timestamp)
+            max_ts = max(max_ts, header.max_timestamp)
+            offset += header.last_offset_delta + 1
+            position += header.size
+        if offset != r.end_offset:
+            raise CorruptDataError(
+                f"stream {stream_id}: chunk holds offsets up to {offset}, index says {r.end_offset}"
+            )
+        expected = r.end_offset
+    data, groups = encode_parquet(builder.table())
+    facts = {
+        "record_count": builder.rows,
+        "start_offset": pieces[0][0].start_offset,
+        "end_offset": expected,
+        "row_groups": tuple((g.first, g.last) for g in groups),
+        "min_timestamp": min_ts,
+        "max_timestamp": max_ts,
+    }
+    return data, facts
+
+
+def run_task_in_worker(config: configuration.Config, task: CompactionTask) -> list[WrittenFile]:
+    """Open the WAL and object store from ``config`` and run ``task`` (blocking)."""
+
+    async def main() -> list[WrittenFile]:
+        context = OpenContext(data_dir=config.data_dir)
+        store = await configuration.resolve_one(config, PortKind.OBJECT_STORE).open(context)
+        try:
+            wal_context = OpenContext(data_dir=config.data_dir, object_store=store)  # type: ignore[arg-type]
+            wal = await configuration.resolve_one(config, PortKind.WAL).open(wal_context)
+            try:
+                return await execute(task, wal, store)  # type: ignore[arg-type]
+            finally:
+                await wal.close()
+        finally:
+            await store.close()
+
+    return asyncio.run(main())

@@ -1,0 +1,154 @@
+"""Compaction on the embedded default: WAL → Parquet, index swapped, reads unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from icefloe.broker.topics import TopicRegistry
+from icefloe.compaction.service import Compactor
+from icefloe.compaction.task import execute
+from icefloe.config import Config
+from icefloe.ports.object_store import RequestKind
+from icefloe.storage.batch import Compression
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.index import ParquetLocation
+from icefloe.storage.records import Record
+from tests.support.storage import storage_config
+
+
+def records(n: int, tag: str, start_ts: int = 1_700_000_000_000) -> list[Record]:
+    return [
+        Record(i, start_ts + i, f"{tag}-{i}".encode(), f"value-{tag}-{i}".encode() * 5,
+               (("h", str(i).encode()), ("h", None)) if i % 2 else ())
+        for i in range(n)
+    ]
+
+
+def comparable(rs: list[Record]) -> list[tuple[object, ...]]:
+    return [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in rs]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return storage_config(tmp_path, commit_deadline_s=0.2, orphan_grace_s=0.5)
+
+
+@pytest.fixture
+async def parts(config: Config) -> AsyncIterator[tuple[StreamStorage, TopicRegistry, Compactor]]:
+    async with await StreamStorage.open(config) as storage:
+        topics = TopicRegistry(storage)
+        await topics.start()
+        compactor = await Compactor.open(config, storage, topics)
+        try:
+            yield storage, topics, compactor
+        finally:
+            await compactor.close()
+            await topics.close()
+
+
+async def read_all(storage: StreamStorage, stream: int) -> list[Record]:
+    out: list[Record] = []
+    offset = 0
+    end = await storage.log_end(stream)
+    while offset < end:
+        batch = await storage.read_records(stream, offset, max_bytes=64 << 10)
+        out.extend(batch)
+        offset = batch[-1].offset + 1
+    return out
+
+
+async def test_compaction_leaves_what_consumers_read_unchanged(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    topic = await topics.create("orders", 2)
+    for i, codec in enumerate(Compression):
+        for stream in topic.streams:
+            await storage.append(stream, records(40, f"{codec.name}{i}"), compression=codec)
+    before = {s: await read_all(storage, s) for s in topic.streams}
+    assert await compactor.until_idle() == 1
+    for stream in topic.streams:
+        entries = await storage.index.scan(stream)
+        assert [type(e.location) for e in entries] == [ParquetLocation]
+        assert comparable(await read_all(storage, stream)) == comparable(before[stream])
+
+
+async def test_reads_from_parquet_start_at_any_offset(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    for i in range(5):
+        await storage.append(stream, records(20, f"b{i}"))
+    await compactor.until_idle()
+    for offset in (0, 7, 20, 55, 99):
+        got = await storage.read_records(stream, offset)
+        assert got[0].offset == offset
+        assert got[-1].offset == 99
+
+
+async def test_timestamp_lookup_works_on_compacted_data(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, records(10, "a", start_ts=1000))
+    await storage.append(stream, records(10, "b", start_ts=2000))
+    await compactor.until_idle()
+    assert await storage.offset_for_timestamp(stream, 1500) == 10
+    assert await storage.offset_for_timestamp(stream, 3000) is None
+
+
+async def test_new_appends_after_compaction_continue_the_offsets(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, records(10, "a"))
+    await compactor.until_idle()
+    assert await storage.append(stream, records(5, "b")) == 10
+    assert [r.offset for r in await read_all(storage, stream)] == list(range(15))
+    await compactor.until_idle()
+    assert len(await storage.index.scan(stream)) == 2  # two Parquet files
+
+
+async def test_unreferenced_wal_objects_are_collected_and_reads_still_work(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, records(30, "a"))
+    before = await read_all(storage, stream)
+    await compactor.until_idle()
+    await asyncio.sleep(0.6)
+    assert len(await storage.collect_orphans()) >= 1
+    assert [info async for info in storage.wal.list()] == []
+    async with await StreamStorage.open(config) as fresh:
+        assert comparable(await read_all(fresh, stream)) == comparable(before)
+
+
+async def test_a_task_reads_each_wal_object_once(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor], tmp_path: Path
+) -> None:
+    storage, topics, compactor = parts
+    topic = await topics.create("t", 4)
+    for _ in range(3):
+        await asyncio.gather(*(storage.append(s, records(10, "x")) for s in topic.streams))
+    from icefloe.compaction.planner import plan_task
+
+    plan = await plan_task(
+        storage.index, topics.cached(), compactor._options, "icefloe", 0, force=True
+    )
+    assert plan is not None
+    store = storage.object_store
+    gets = store.stats.requests[RequestKind.GET]
+    files = await execute(plan.task, storage.wal, store)
+    assert store.stats.requests[RequestKind.GET] - gets == len(plan.task.refs())
+    assert len(files) == 4
+    table = pq.read_table(Path(tmp_path, "objects", files[0].path))
+    assert table.column("offset").to_pylist() == list(range(30))
