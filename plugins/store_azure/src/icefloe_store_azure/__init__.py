@@ -1,0 +1,1 @@
+"""Icefloe object store on Azure Blob Storage: ``[object_store] backend = "azure"``."""

@@ -1,0 +1,1 @@
+"""Icefloe object store on Google Cloud Storage: ``[object_store] backend = "gcs"``."""
