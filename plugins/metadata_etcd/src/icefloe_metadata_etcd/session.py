@@ -1,0 +1,114 @@
+"""Port sessions on etcd leases, kept alive on a LeaseKeepAlive stream.
+
+etcd lease TTLs are whole seconds with a server minimum (about 2 s with default election
+settings): the lease is granted for ``ceil(ttl)`` and etcd may raise it. The session reports
+itself lost when etcd answers a keep-alive with TTL 0 (the lease is gone), or when no keep-alive
+has succeeded for the granted TTL: by then etcd may have expired it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]  # grpc ships no type information
+from aetcd import rpc  # type: ignore[import-untyped]
+
+from icefloe.errors import StorageError
+from icefloe.ports.metadata import Session
+from icefloe_metadata_etcd.connection import EtcdConnection
+
+_log = logging.getLogger(__name__)
+
+
+class EtcdSession(Session):
+    """An etcd lease; ``ttl`` is what etcd granted."""
+
+    def __init__(self, connection: EtcdConnection, lease_id: int, ttl: float) -> None:
+        """Use :meth:`open`."""
+        self.lease_id = lease_id
+        self.id = f"{lease_id:x}"
+        self.ttl = ttl
+        self._connection = connection
+        self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last_renewal = time.monotonic()
+        self._keep_alive = asyncio.get_running_loop().create_task(
+            self._keep_alive_forever(), name=f"icefloe-etcd-lease-{self.id}"
+        )
+
+    @classmethod
+    async def open(cls, connection: EtcdConnection, ttl: float) -> EtcdSession:
+        response = await connection.call(
+            connection.leases.LeaseGrant,
+            rpc.LeaseGrantRequest(TTL=math.ceil(ttl)),
+            "grant lease",
+        )
+        return cls(connection, response.ID, float(response.TTL))
+
+    @property
+    def lost(self) -> asyncio.Future[None]:
+        return self._lost
+
+    def expire(self) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+        self._keep_alive.cancel()
+
+    async def _keep_alive_forever(self) -> None:
+        stream: Any = None
+        try:
+            while self.alive:
+                await asyncio.sleep(self.ttl / 3)
+                if time.monotonic() - self._last_renewal > self.ttl:
+                    _log.warning(
+                        "etcd lease %s: no renewal for its ttl; reporting it lost", self.id
+                    )
+                    self.expire()
+                    return
+                try:
+                    if stream is None:
+                        stream = self._connection.leases.LeaseKeepAlive(
+                            metadata=self._connection.metadata
+                        )
+                    async with asyncio.timeout(self._connection.timeout):
+                        await stream.write(rpc.LeaseKeepAliveRequest(ID=self.lease_id))
+                        response = await stream.read()
+                except (grpc.aio.AioRpcError, TimeoutError) as exc:
+                    _log.info("etcd lease %s keep-alive failed: %r", self.id, exc)
+                    if stream is not None:
+                        stream.cancel()
+                    stream = None
+                    continue
+                if response is grpc.aio.EOF:
+                    stream = None
+                    continue
+                if response.TTL <= 0:
+                    _log.warning("etcd lease %s has expired", self.id)
+                    self.expire()
+                    return
+                self._last_renewal = time.monotonic()
+        finally:
+            if stream is not None:
+                stream.cancel()
+
+    async def close(self) -> None:
+        """Revoke the lease, which deletes its keys; idempotent."""
+        was_alive = self.alive
+        self.expire()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._keep_alive
+        if not was_alive:
+            return
+        try:
+            await self._connection.call(
+                self._connection.leases.LeaseRevoke,
+                rpc.LeaseRevokeRequest(ID=self.lease_id),
+                "revoke lease",
+            )
+        except StorageError as exc:
+            # The keys still go: etcd expires the lease after its TTL.
+            _log.warning("could not revoke etcd lease %s: %s", self.id, exc)

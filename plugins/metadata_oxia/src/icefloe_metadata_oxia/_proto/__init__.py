@@ -1,0 +1,1 @@
+"""Generated Oxia protocol messages (see ``proto/generate.sh``)."""
