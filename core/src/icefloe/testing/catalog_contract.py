@@ -1,0 +1,472 @@
+"""The Catalog contract suite: the executable form of ``icefloe.ports.catalog``.
+
+A table format opts in with a small class in its tests::
+
+    class TestIcebergCatalog(CatalogContract):
+        backend_name = "iceberg"
+
+        def read_rows(self, catalog, spec):
+            ...  # the format's own reader, e.g. pyiceberg's scan
+
+The suite writes real Parquet files the way Icefloe's compaction does — the row schema, no
+field ids, the partition column inside the file — into a local object store under the table
+root, commits them, and checks the result through the format's own reader
+(:meth:`CatalogContract.read_rows`, the back door) and through the object store's bytes.
+Override :meth:`CatalogContract.open_object_store` to run a format on another object store.
+
+Requires ``pip install 'icefloe[testing]'``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import pytest_asyncio
+
+from icefloe.errors import AlreadyExistsError, NotFoundError
+from icefloe.ports.base import PortKind
+from icefloe.ports.catalog import Catalog, DataFile, TableSpec
+from icefloe.ports.object_store import ObjectStore
+from icefloe.tables import layout
+from icefloe.tables.schema import PARTITION, ROW_SCHEMA
+from icefloe.testing.contract import Contract, open_backend
+
+Row = tuple[int, int, bytes | None, bytes | None]
+"""What the suite compares: (partition, offset, key, value)."""
+
+BASE_TIME = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
+
+
+def make_rows(partition: int, offsets: Iterable[int]) -> pa.Table:
+    """Rows of :data:`ROW_SCHEMA` for one partition, with recognisable keys and values."""
+    offsets = list(offsets)
+    n = len(offsets)
+    return pa.table(
+        {
+            "partition": [partition] * n,
+            "offset": offsets,
+            "timestamp": [BASE_TIME + datetime.timedelta(microseconds=7 * o) for o in offsets],
+            "timestamp_type": [0] * n,
+            "key": [None if o % 5 == 4 else f"k{partition}-{o}".encode() for o in offsets],
+            "value": [f"value {partition}/{o}".encode() * 3 for o in offsets],
+            "headers": [[{"key": "h", "value": str(o).encode()}] for o in offsets],
+            "batch_base_offset": [o - o % 4 for o in offsets],
+            "batch_attributes": [0] * n,
+            "producer_id": [-1] * n,
+            "producer_epoch": [-1] * n,
+            "base_sequence": [-1] * n,
+        },
+        schema=ROW_SCHEMA,
+    )
+
+
+def rows_of(table: pa.Table) -> list[Row]:
+    """(partition, offset, key, value) of every row, sorted: equal lists mean equal data."""
+    columns = [table.column(name).to_pylist() for name in (PARTITION, "offset", "key", "value")]
+    return sorted(zip(*columns, strict=True), key=lambda r: (r[0], r[1]))
+
+
+def parquet_bytes(rows: pa.Table) -> bytes:
+    """A Parquet file as Icefloe's compaction writes it: zstd, statistics, no field ids."""
+    sink = io.BytesIO()
+    pq.write_table(rows, sink, compression="zstd", write_statistics=True)
+    return sink.getvalue()
+
+
+class CatalogContract(Contract):
+    """Generic tests every :class:`Catalog` adapter passes; see the module docstring."""
+
+    port_kind: ClassVar[PortKind] = PortKind.TABLE
+
+    # --- what an implementer provides ------------------------------------------------------
+
+    async def read_rows(self, catalog: Catalog, spec: TableSpec) -> pa.Table:
+        """Back door: every row of the table's current state, read by the format's own reader
+        (pyiceberg's scan, delta-rs's query engine, …), never through the adapter.
+
+        Every opt-in overrides this: a catalog's claims are only checked by another reader.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must override read_rows() with the format's own reader"
+        )
+
+    async def open_object_store(self, workdir: Path, unique: str) -> ObjectStore:
+        """The object store holding the tables' files: a local store by default.
+
+        Args:
+            workdir: The test's folder.
+            unique: The instance's unique string.
+        """
+        store = await open_backend(
+            PortKind.OBJECT_STORE, "local", workdir, {"root": str(workdir / unique / "objects")}
+        )
+        assert isinstance(store, ObjectStore)
+        return store
+
+    async def open_catalog(
+        self, workdir: Path, options: dict[str, Any], object_store: ObjectStore
+    ) -> Catalog:
+        catalog = await open_backend(
+            self.port_kind, self.backend_name, workdir, options, object_store=object_store
+        )
+        assert isinstance(catalog, Catalog)
+        return catalog
+
+    # --- fixtures ---------------------------------------------------------------------------
+
+    @pytest.fixture
+    def unique(self) -> str:
+        return self.new_unique()
+
+    @pytest.fixture
+    def options(self, tmp_path: Path, unique: str) -> dict[str, Any]:
+        return self.backend_options(tmp_path, unique)
+
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path: Path, unique: str) -> AsyncIterator[ObjectStore]:
+        store = await self.open_object_store(tmp_path, unique)
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    @pytest_asyncio.fixture
+    async def catalog(
+        self, tmp_path: Path, options: dict[str, Any], store: ObjectStore
+    ) -> AsyncIterator[Catalog]:
+        catalog = await self.open_catalog(tmp_path, options, store)
+        try:
+            yield catalog
+        finally:
+            await catalog.close()
+
+    @pytest.fixture
+    def spec(self, store: ObjectStore, unique: str) -> TableSpec:
+        namespace, name = f"ns_{unique}", "orders"
+        return TableSpec(
+            namespace=namespace,
+            name=name,
+            location=store.url(layout.table_root(namespace, name)),
+            schema=ROW_SCHEMA,
+            metadata_location=store.url(layout.iceberg_metadata_root(namespace, name)),
+        )
+
+    @pytest_asyncio.fixture
+    async def table(self, catalog: Catalog, spec: TableSpec) -> TableSpec:
+        """``spec``, with the table created."""
+        await catalog.ensure_table(spec)
+        return spec
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    async def write_file(
+        self, store: ObjectStore, spec: TableSpec, partition: int, offsets: Iterable[int]
+    ) -> DataFile:
+        """Write one Parquet data file under the table root, as compaction would."""
+        rows = make_rows(partition, offsets)
+        key = layout.data_file(spec.namespace, spec.name, partition, f"{uuid.uuid4()}.parquet")
+        info = await store.put(key, parquet_bytes(rows), if_absent=True)
+        return DataFile(
+            path=layout.relative_path(spec.namespace, spec.name, key),
+            size=info.size,
+            record_count=rows.num_rows,
+            partition=partition,
+            modified_ms=int(info.modified * 1000),
+        )
+
+    async def rows(self, catalog: Catalog, spec: TableSpec) -> list[Row]:
+        return rows_of(await self.read_rows(catalog, spec))
+
+    @staticmethod
+    def expected(*files: tuple[int, Iterable[int]]) -> list[Row]:
+        return rows_of(pa.concat_tables([make_rows(p, offsets) for p, offsets in files]))
+
+    @staticmethod
+    async def data_objects(store: ObjectStore, spec: TableSpec) -> dict[str, bytes]:
+        """Every Parquet object in the table's partition folders (where data files live), by
+        key. Formats keep their own files elsewhere (``_delta_log/``, the Iceberg metadata
+        root), so a data file a format rewrote or copied would show up here."""
+        root = layout.table_root(spec.namespace, spec.name)
+        return {
+            info.key: await store.get(info.key)
+            async for info in store.list(f"{root}/{spec.partition_column}=")
+        }
+
+    # --- ensure_table -----------------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_ensure_table_returns_where_the_table_lives(
+        self, catalog: Catalog, spec: TableSpec
+    ) -> None:
+        info = await catalog.ensure_table(spec)
+        assert (info.identifier, info.location) == (spec.identifier, spec.location)
+
+    @pytest.mark.asyncio
+    async def test_ensure_table_is_idempotent(self, catalog: Catalog, spec: TableSpec) -> None:
+        first = await catalog.ensure_table(spec)
+        assert await catalog.ensure_table(spec) == first
+
+    @pytest.mark.asyncio
+    async def test_new_table_is_empty_with_no_commit(
+        self, catalog: Catalog, table: TableSpec
+    ) -> None:
+        assert await catalog.last_commit(table) == 0
+        assert await catalog.files(table) == []
+        assert await self.rows(catalog, table) == []
+
+    @pytest.mark.asyncio
+    async def test_ensure_table_does_not_disturb_committed_data(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        data = await self.write_file(store, table, 0, range(3))
+        await catalog.commit(table, 1, [data])
+        await catalog.ensure_table(table)
+        assert await catalog.last_commit(table) == 1
+        assert await self.rows(catalog, table) == self.expected((0, range(3)))
+
+    # --- commit -----------------------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_commit_registers_exactly_the_given_files(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(0, 10))
+        b = await self.write_file(store, table, 3, range(100, 105))
+        await self.write_file(store, table, 0, range(10, 20))  # written, never committed
+        result = await catalog.commit(table, 1, [a, b])
+        assert result.applied
+        assert await self.rows(catalog, table) == self.expected(
+            (0, range(10)), (3, range(100, 105))
+        )
+
+    @pytest.mark.asyncio
+    async def test_files_lists_the_committed_files_with_sizes_and_counts(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 1, range(7))
+        b = await self.write_file(store, table, 2, range(3))
+        await catalog.commit(table, 1, [a, b])
+        listed = await catalog.files(table)
+        assert sorted((f.path, f.size, f.record_count, f.partition) for f in listed) == sorted(
+            (f.path, f.size, f.record_count, f.partition) for f in (a, b)
+        )
+
+    @pytest.mark.asyncio
+    async def test_retried_commit_with_the_same_sequence_is_a_noop(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(5))
+        first = await catalog.commit(table, 1, [a])
+        again = await catalog.commit(table, 1, [a])
+        assert (first.applied, again.applied) == (True, False)
+        assert again.version == first.version
+        assert await self.rows(catalog, table) == self.expected((0, range(5)))
+        assert [f.path for f in await catalog.files(table)] == [a.path]
+
+    @pytest.mark.asyncio
+    async def test_commit_with_a_lower_sequence_is_a_noop(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(5))
+        late = await self.write_file(store, table, 0, range(5, 9))
+        await catalog.commit(table, 5, [a])
+        result = await catalog.commit(table, 3, [late])
+        assert not result.applied
+        assert await catalog.last_commit(table) == 5
+        assert await self.rows(catalog, table) == self.expected((0, range(5)))
+
+    @pytest.mark.asyncio
+    async def test_add_and_remove_in_one_commit(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(0, 4))
+        b = await self.write_file(store, table, 1, range(0, 4))
+        merged = await self.write_file(store, table, 0, range(0, 4))  # a, rewritten by compaction
+        await catalog.commit(table, 1, [a, b])
+        result = await catalog.commit(table, 2, [merged], [a.path])
+        assert result.applied
+        assert sorted(f.path for f in await catalog.files(table)) == sorted([b.path, merged.path])
+        assert await self.rows(catalog, table) == self.expected((0, range(4)), (1, range(4)))
+
+    @pytest.mark.asyncio
+    async def test_remove_only_commit(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(3))
+        b = await self.write_file(store, table, 0, range(3, 6))
+        await catalog.commit(table, 1, [a, b])
+        await catalog.commit(table, 2, [], [a.path])
+        assert [f.path for f in await catalog.files(table)] == [b.path]
+        assert await self.rows(catalog, table) == self.expected((0, range(3, 6)))
+
+    @pytest.mark.asyncio
+    async def test_last_commit_is_the_highest_applied_sequence(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        for sequence in (1, 2, 7):  # gaps are allowed: only the order matters
+            data = await self.write_file(store, table, 0, [sequence])
+            await catalog.commit(table, sequence, [data])
+            assert await catalog.last_commit(table) == sequence
+
+    @pytest.mark.asyncio
+    async def test_empty_commit_advances_the_sequence(
+        self, catalog: Catalog, table: TableSpec
+    ) -> None:
+        result = await catalog.commit(table, 4, [])
+        assert result.applied
+        assert await catalog.last_commit(table) == 4
+        assert await catalog.files(table) == []
+
+    @pytest.mark.asyncio
+    async def test_adding_a_file_the_table_already_references_fails_and_changes_nothing(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(3))
+        await catalog.commit(table, 1, [a])
+        with pytest.raises(AlreadyExistsError, match=re.escape(a.path)):
+            await catalog.commit(table, 2, [a])
+        assert await catalog.last_commit(table) == 1
+        assert await self.rows(catalog, table) == self.expected((0, range(3)))
+
+    @pytest.mark.asyncio
+    async def test_removing_a_file_the_table_does_not_reference_fails_and_changes_nothing(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(3))
+        b = await self.write_file(store, table, 0, range(3, 5))
+        await catalog.commit(table, 1, [a])
+        with pytest.raises(NotFoundError, match=re.escape("partition=0/nothing.parquet")):
+            await catalog.commit(table, 2, [b], ["partition=0/nothing.parquet"])
+        assert await catalog.last_commit(table) == 1
+        assert await self.rows(catalog, table) == self.expected((0, range(3)))
+
+    @pytest.mark.asyncio
+    async def test_commit_refuses_a_file_whose_row_count_is_not_what_it_says(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(3))
+        wrong = DataFile(a.path, a.size, a.record_count + 1, a.partition, a.modified_ms)
+        with pytest.raises(ValueError, match="rows"):
+            await catalog.commit(table, 1, [wrong])
+        assert await catalog.last_commit(table) == 0
+
+    @pytest.mark.asyncio
+    async def test_commit_refuses_a_non_positive_sequence(
+        self, catalog: Catalog, table: TableSpec
+    ) -> None:
+        with pytest.raises(ValueError, match="positive"):
+            await catalog.commit(table, 0, [])
+
+    @pytest.mark.asyncio
+    async def test_commits_are_visible_to_another_instance(
+        self,
+        catalog: Catalog,
+        store: ObjectStore,
+        table: TableSpec,
+        tmp_path: Path,
+        options: dict[str, Any],
+    ) -> None:
+        a = await self.write_file(store, table, 2, range(4))
+        await catalog.commit(table, 3, [a])
+        other = await self.open_catalog(tmp_path, options, store)
+        try:
+            assert await other.last_commit(table) == 3
+            assert [f.path for f in await other.files(table)] == [a.path]
+            assert not (await other.commit(table, 3, [a])).applied
+        finally:
+            await other.close()
+
+    # --- one copy ---------------------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_data_files_are_never_rewritten_copied_or_deleted(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(6))
+        b = await self.write_file(store, table, 1, range(6))
+        c = await self.write_file(store, table, 0, range(6, 9))
+        written = await self.data_objects(store, table)
+        await catalog.commit(table, 1, [a, b])
+        await catalog.commit(table, 2, [c], [a.path])  # a is removed from the table…
+        await catalog.expire(table, int(time.time() * 1000) + 60_000)
+        assert await self.data_objects(store, table) == written  # …but still there, unchanged
+        root = layout.table_root(table.namespace, table.name)
+        listed = {f"{root}/{f.path}" for f in await catalog.files(table)}
+        assert listed == {f"{root}/{b.path}", f"{root}/{c.path}"}
+
+    # --- expire -----------------------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_expire_keeps_the_data_readable_and_the_sequence(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        for sequence in range(1, 5):
+            data = await self.write_file(store, table, sequence % 2, [sequence])
+            await catalog.commit(table, sequence, [data])
+        before = await catalog.files(table)
+        await catalog.expire(table, int(time.time() * 1000) + 60_000)
+        assert await catalog.files(table) == before
+        assert await catalog.last_commit(table) == 4
+        assert await self.rows(catalog, table) == self.expected((1, [1, 3]), (0, [2, 4]))
+        assert not (await catalog.commit(table, 4, [])).applied
+
+    @pytest.mark.asyncio
+    async def test_expire_of_a_table_without_history_is_harmless(
+        self, catalog: Catalog, table: TableSpec
+    ) -> None:
+        await catalog.expire(table, int(time.time() * 1000))
+        assert await catalog.files(table) == []
+
+    # --- drop and missing tables ------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_drop_is_idempotent_and_keeps_the_data_files(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(3))
+        await catalog.commit(table, 1, [a])
+        written = await self.data_objects(store, table)
+        await catalog.drop(table)
+        await catalog.drop(table)
+        assert await self.data_objects(store, table) == written
+        with pytest.raises(NotFoundError):
+            await catalog.last_commit(table)
+
+    @pytest.mark.asyncio
+    async def test_a_dropped_table_can_be_created_again_empty(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        a = await self.write_file(store, table, 0, range(3))
+        await catalog.commit(table, 1, [a])
+        await catalog.drop(table)
+        await catalog.ensure_table(table)
+        assert await catalog.last_commit(table) == 0
+        assert await catalog.files(table) == []
+
+    @pytest.mark.asyncio
+    async def test_drop_of_a_table_that_never_existed_is_not_an_error(
+        self, catalog: Catalog, spec: TableSpec
+    ) -> None:
+        await catalog.drop(spec)
+
+    @pytest.mark.asyncio
+    async def test_operations_on_a_missing_table_raise_not_found(
+        self, catalog: Catalog, store: ObjectStore, spec: TableSpec
+    ) -> None:
+        a = await self.write_file(store, spec, 0, range(3))
+        with pytest.raises(NotFoundError):
+            await catalog.commit(spec, 1, [a])
+        with pytest.raises(NotFoundError):
+            await catalog.last_commit(spec)
+        with pytest.raises(NotFoundError):
+            await catalog.files(spec)

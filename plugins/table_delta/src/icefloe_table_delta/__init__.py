@@ -1,0 +1,1 @@
+"""Icefloe topic tables in Delta Lake (backend ``delta``), on delta-rs."""

@@ -1,0 +1,40 @@
+"""delta-rs exceptions as :mod:`icefloe.errors` types (never leaked to core)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from icefloe.errors import (
+    ConflictError,
+    IcefloeError,
+    NotFoundError,
+    StorageError,
+    UnavailableError,
+)
+from icefloe.ports.catalog import TableSpec
+
+
+@contextlib.contextmanager
+def translated(spec: TableSpec) -> Iterator[None]:
+    """Re-raise SDK errors of an operation on ``spec`` as Icefloe errors (``from`` the original).
+
+    Icefloe's own errors and ``ValueError`` (a wrong argument) pass through unchanged.
+    """
+    name = f"Delta table {spec.location}"
+    try:
+        yield
+    except (IcefloeError, ValueError):
+        raise
+    except TableNotFoundError as exc:
+        raise NotFoundError(f"{name} does not exist") from exc
+    except CommitFailedError as exc:
+        # Another writer took the log version this commit was based on; nothing was applied.
+        # Retrying re-reads the app transaction version, so a retry is always safe.
+        raise ConflictError(f"{name}: concurrent commit, retry ({exc})") from exc
+    except OSError as exc:
+        raise UnavailableError(f"{name}: storage I/O failed ({exc})") from exc
+    except DeltaError as exc:
+        raise StorageError(f"{name}: {exc}") from exc

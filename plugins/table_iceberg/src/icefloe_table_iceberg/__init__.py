@@ -1,0 +1,1 @@
+"""Icefloe topic tables in Apache Iceberg (backend ``iceberg``), on pyiceberg."""

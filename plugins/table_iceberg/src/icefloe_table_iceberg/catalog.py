@@ -1,0 +1,139 @@
+"""The Iceberg adapter: the Catalog port on pyiceberg, with a SQL or a REST catalog.
+
+How each promise of the port is kept (details in :mod:`icefloe_table_iceberg.tables`):
+
+- *Files registered in place*: each added Parquet file is described from its footer and
+  appended to a snapshot as is — never rewritten or copied (what ``add_files`` does).
+- *Add and remove atomically*: one snapshot, produced by ``Transaction.update_snapshot()``
+  (``overwrite()`` when files are removed, ``merge_append()`` otherwise).
+- *Idempotent by sequence*: the table property ``icefloe.commit-sequence`` is set in the same
+  metadata commit as the snapshot; a commit whose sequence is not above it is a no-op.
+- *No data file deleted*: ``gc.enabled=false``; expiry and drop edit metadata only.
+
+pyiceberg is synchronous: calls run on a bounded thread pool, and commits to one table from
+this process are serialised (so they never race each other into a conflict).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Self, TypeVar
+
+from icefloe.errors import ClosedError, ConfigError
+from icefloe.ports.base import OpenContext
+from icefloe.ports.catalog import Catalog, CommitResult, DataFile, TableInfo, TableSpec
+from icefloe.ports.object_store import ObjectStore
+from icefloe_table_iceberg.options import DEFAULT_SQLITE_FILE, IcebergCatalogOptions
+
+if TYPE_CHECKING:
+    from icefloe_table_iceberg.tables import IcebergTables
+
+T = TypeVar("T")
+
+WAREHOUSE_KEY = "iceberg-warehouse"
+"""Object-store folder given to a SQL catalog as its warehouse (tables set their location)."""
+
+
+class IcebergCatalog(Catalog):
+    """Topic tables in an Iceberg catalog; see the module docstring."""
+
+    options_model = IcebergCatalogOptions
+
+    def __init__(
+        self, tables: IcebergTables, object_store: ObjectStore, options: IcebergCatalogOptions
+    ) -> None:
+        """Wrap a pyiceberg catalog; :meth:`open` is the usual way in."""
+        self._tables = tables
+        self._store = object_store
+        self._executor = ThreadPoolExecutor(
+            max_workers=options.max_workers, thread_name_prefix="icefloe-iceberg"
+        )
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    @classmethod
+    async def open(cls, options: IcebergCatalogOptions, context: OpenContext) -> Self:
+        if context.object_store is None:
+            raise ConfigError(
+                "the iceberg table backend keeps its files in the object store: "
+                "configure [object_store] before [tables]"
+            )
+        store = context.object_store
+        tables = await asyncio.to_thread(_connect, options, context.data_dir, store)
+        return cls(tables, store, options)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._tables.close)
+        self._executor.shutdown(wait=True)
+
+    # --- the port's primitives ----------------------------------------------------------------
+
+    async def _ensure_table(self, spec: TableSpec) -> TableInfo:
+        async with self._lock(spec):
+            return await self._run(self._tables.ensure_table, spec)
+
+    async def _commit(
+        self, spec: TableSpec, sequence: int, added: list[DataFile], removed: list[str]
+    ) -> CommitResult:
+        async with self._lock(spec):
+            return await self._run(self._tables.commit, spec, sequence, added, removed)
+
+    async def _last_commit(self, spec: TableSpec) -> int:
+        return await self._run(self._tables.last_commit, spec)
+
+    async def _files(self, spec: TableSpec) -> list[DataFile]:
+        return await self._run(self._tables.files, spec)
+
+    async def _expire(self, spec: TableSpec, older_than_ms: int) -> None:
+        async with self._lock(spec):
+            await self._run(self._tables.expire, spec, older_than_ms)
+
+    async def _drop(self, spec: TableSpec) -> None:
+        async with self._lock(spec):
+            await self._run(self._tables.drop, spec)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _lock(self, spec: TableSpec) -> asyncio.Lock:
+        return self._locks.setdefault(spec.identifier, asyncio.Lock())
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        if self._closed:
+            raise ClosedError("the iceberg catalog is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+
+def _connect(options: IcebergCatalogOptions, data_dir: Path, store: ObjectStore) -> IcebergTables:
+    """Build the pyiceberg catalog (imports the SDK: called from ``open`` only)."""
+    from icefloe_table_iceberg.fileio import fileio_properties
+    from icefloe_table_iceberg.tables import IcebergTables, merged
+
+    io = fileio_properties(store.engine_options())
+    if options.catalog == "rest":
+        from pyiceberg.catalog.rest import RestCatalog
+
+        rest: dict[str, str] = {"uri": str(options.uri)}
+        if options.warehouse:
+            rest["warehouse"] = options.warehouse
+        if options.credential is not None:
+            rest["credential"] = options.credential.get_secret_value()
+        if options.token is not None:
+            rest["token"] = options.token.get_secret_value()
+        return IcebergTables(RestCatalog(options.name, **merged(io, rest, options.properties)))
+
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    sql = {
+        "uri": options.uri or f"sqlite:///{data_dir / DEFAULT_SQLITE_FILE}",
+        "warehouse": options.warehouse or store.url(WAREHOUSE_KEY),
+    }
+    return IcebergTables(SqlCatalog(options.name, **merged(io, sql, options.properties)))

@@ -1,0 +1,124 @@
+"""The Iceberg table format runs the Catalog contract on its embedded SQLite catalog and on a
+real Iceberg REST catalog (the reference fixture server), plus what only Iceberg has."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from icefloe.ports.catalog import Catalog, TableSpec
+from icefloe.ports.object_store import ObjectStore
+from icefloe.testing.catalog_contract import CatalogContract
+from tests.support.iceberg_rest import iceberg_rest
+
+
+def pyiceberg_table(catalog: Catalog, spec: TableSpec) -> Any:
+    """The table as pyiceberg sees it, through the adapter's own catalog connection."""
+    return catalog._tables.catalog.load_table(spec.identifier)  # type: ignore[attr-defined]
+
+
+class TestIcebergCatalog(CatalogContract):
+    backend_name = "iceberg"
+
+    async def read_rows(self, catalog: Catalog, spec: TableSpec) -> pa.Table:
+        return pyiceberg_table(catalog, spec).scan().to_arrow()
+
+    # --- Iceberg only -------------------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    async def test_table_is_made_for_sharing_its_files(
+        self, catalog: Catalog, table: TableSpec
+    ) -> None:
+        iceberg = pyiceberg_table(catalog, table)
+        properties = iceberg.properties
+        assert properties["gc.enabled"] == "false"
+        assert properties["write.metadata.path"] == table.metadata_location
+        assert properties["commit.retry.num-retries"] == "0"
+        mapping = json.loads(properties["schema.name-mapping.default"])
+        assert {field["names"][0] for field in mapping} == set(table.schema.names)
+        assert [str(f.transform) for f in iceberg.spec().fields] == ["identity"]
+        assert iceberg.schema().find_field("offset").required
+        assert not iceberg.schema().find_field("key").required
+
+    @pytest.mark.asyncio
+    async def test_metadata_lives_outside_the_table_root(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        await catalog.commit(table, 1, [await self.write_file(store, table, 0, range(3))])
+        info = await catalog.ensure_table(table)
+        assert info.metadata_location is not None
+        assert info.metadata_location.startswith(table.metadata_location + "/")
+        assert info.metadata_location.endswith(".metadata.json")
+        assert not info.metadata_location.startswith(table.location + "/")
+
+    @pytest.mark.asyncio
+    async def test_snapshot_summary_carries_the_sequence(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        await catalog.commit(table, 12, [await self.write_file(store, table, 0, range(3))])
+        snapshot = pyiceberg_table(catalog, table).current_snapshot()
+        assert snapshot.summary["icefloe.commit-sequence"] == "12"
+
+    @pytest.mark.asyncio
+    async def test_expire_drops_old_snapshots(
+        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+    ) -> None:
+        for sequence in (1, 2, 3):
+            await catalog.commit(
+                table, sequence, [await self.write_file(store, table, 0, [sequence])]
+            )
+        assert len(pyiceberg_table(catalog, table).snapshots()) == 3
+        await catalog.expire(table, 0)  # nothing is that old
+        assert len(pyiceberg_table(catalog, table).snapshots()) == 3
+        await catalog.expire(table, int(time.time() * 1000) + 60_000)
+        assert len(pyiceberg_table(catalog, table).snapshots()) == 1  # the head stays
+
+    @pytest.mark.asyncio
+    async def test_default_catalog_is_sqlite_in_the_data_dir(
+        self, catalog: Catalog, table: TableSpec, tmp_path: Path
+    ) -> None:
+        assert (tmp_path / "iceberg-catalog.db").is_file()
+
+    def test_engine_settings_become_pyiceberg_properties(self) -> None:
+        from icefloe_table_iceberg.fileio import fileio_properties
+
+        assert fileio_properties(
+            {
+                "aws_endpoint": "http://127.0.0.1:9000",
+                "aws_access_key_id": "id",
+                "aws_secret_access_key": "secret",
+                "aws_region": "us-east-1",
+                "aws_virtual_hosted_style_request": "false",
+                "unknown_setting": "x",
+            }
+        ) == {
+            "s3.endpoint": "http://127.0.0.1:9000",
+            "s3.access-key-id": "id",
+            "s3.secret-access-key": "secret",
+            "s3.region": "us-east-1",
+            "s3.force-virtual-addressing": "false",
+        }
+
+
+class TestIcebergCatalogOnRest(CatalogContract):
+    """The same contract through a real REST catalog: the server writes the metadata."""
+
+    backend_name = "iceberg"
+
+    def backend_options(self, workdir: Path, unique: str) -> dict[str, Any]:
+        return {"catalog": "rest", "uri": iceberg_rest().url}
+
+    async def read_rows(self, catalog: Catalog, spec: TableSpec) -> pa.Table:
+        return pyiceberg_table(catalog, spec).scan().to_arrow()
+
+    def test_rest_options_need_a_uri(self) -> None:
+        from icefloe_table_iceberg.options import IcebergCatalogOptions
+        from pydantic import ValidationError
+
+        with pytest.raises(ValidationError, match="uri"):
+            IcebergCatalogOptions.model_validate({"catalog": "rest"})
