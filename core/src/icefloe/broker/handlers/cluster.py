@@ -1,0 +1,81 @@
+"""DescribeCluster: the live brokers of the client's zone, the cluster id and a controller id.
+
+Icefloe has no controller: every broker can do everything. The lowest live broker id is
+reported as the controller, as Metadata does, so both APIs agree. Icefloe has no authorizer
+yet, so authorised operations are reported as "not provided" (INT32_MIN), as Kafka does when
+they are not requested.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from icefloe.broker.cluster import client_zone
+from icefloe.broker.protocol import make
+from icefloe.broker.server import RequestContext
+
+_NO_THROTTLE = datetime.timedelta(0)
+_OPERATIONS_NOT_PROVIDED: Final = -(2**31)
+
+
+class EndpointType(enum.IntEnum):
+    """What DescribeCluster v1+ asks for (KIP-919)."""
+
+    BROKER = 1
+    CONTROLLER = 2
+
+
+async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
+    module = ctx.response_module()
+    # v0 has no endpoint_type: it always asks for brokers.
+    wanted = getattr(request, "endpoint_type", EndpointType.BROKER)
+    if wanted != EndpointType.BROKER:
+        return _refused(ctx, module, wanted)
+    cluster = ctx.broker.cluster
+    brokers = cluster.brokers_for(client_zone(ctx.client_id))
+    return make(
+        module.DescribeClusterResponse,
+        throttle_time=_NO_THROTTLE,
+        error_code=ErrorCode.none,
+        error_message=None,
+        endpoint_type=EndpointType.BROKER,
+        cluster_id=cluster.cluster_id,
+        controller_id=min(b.node_id for b in brokers),
+        brokers=tuple(
+            make(
+                module.DescribeClusterBroker,
+                broker_id=b.node_id,
+                host=b.host,
+                port=b.port,
+                rack=b.zone,
+            )
+            for b in brokers
+        ),
+        cluster_authorized_operations=_OPERATIONS_NOT_PROVIDED,
+    )
+
+
+def _refused(ctx: RequestContext, module: Any, wanted: int) -> Any:
+    """Kafka's answers when a broker is asked for controllers, or for an unknown type."""
+    if wanted == EndpointType.CONTROLLER:
+        code = ErrorCode.mismatched_endpoint_type
+        message = (
+            "The request was sent to an endpoint of type BROKER, but we wanted an endpoint "
+            "of type CONTROLLER"
+        )
+    else:
+        code, message = ErrorCode.unsupported_endpoint_type, f"unknown endpoint type {wanted}"
+    return make(
+        module.DescribeClusterResponse,
+        throttle_time=_NO_THROTTLE,
+        error_code=code,
+        error_message=message,
+        cluster_id=ctx.broker.cluster.cluster_id,
+        controller_id=-1,
+        brokers=(),
+        cluster_authorized_operations=_OPERATIONS_NOT_PROVIDED,
+    )

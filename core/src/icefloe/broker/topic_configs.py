@@ -1,0 +1,400 @@
+"""The topic configs Icefloe knows: names, types, defaults, validation and documentation.
+
+A topic record stores only the configs set on the topic (Kafka's dynamic topic configs); every
+other config takes its default when it is read, so a default that comes from the broker's
+settings (``max.message.bytes`` from ``storage.max_batch_bytes``) follows the configuration.
+Values are validated as Apache Kafka validates them and stored normalised (trimmed; lists
+without duplicates), so that what DescribeConfigs returns is exactly what was accepted.
+
+Several configs are accepted for compatibility and have no effect yet: tools such as Kafka
+Streams, Kafka Connect and Debezium set them when they create topics, and refusing them would
+break those tools. Each one's documentation says so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from icefloe.broker.topics import TopicError
+from icefloe.storage.options import StorageOptions
+
+_INT_RANGE: Final = (-(2**31), 2**31 - 1)
+_LONG_RANGE: Final = (-(2**63), 2**63 - 1)
+
+
+class ConfigType(enum.IntEnum):
+    """Kafka's config types, as DescribeConfigs (v3+) reports them."""
+
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    SHORT = 4
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+
+
+class ConfigSource(enum.IntEnum):
+    """Where a config's value comes from, as DescribeConfigs and CreateTopics report it."""
+
+    DYNAMIC_TOPIC_CONFIG = 1
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+
+
+class AlterOp(enum.IntEnum):
+    """IncrementalAlterConfigs operations (KIP-339)."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Synonym:
+    name: str
+    value: str | None
+    source: ConfigSource
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config as DescribeConfigs shows it (topic and broker resources alike)."""
+
+    name: str
+    value: str | None
+    source: ConfigSource
+    type: ConfigType
+    documentation: str
+    synonyms: tuple[Synonym, ...]
+    """Every level that defines the config, the one in effect first (Kafka's order)."""
+    read_only: bool = False
+    sensitive: bool = False
+
+
+class _Rule(Protocol):
+    @property
+    def type(self) -> ConfigType: ...
+
+    @property
+    def accepted(self) -> str:
+        """The accepted values, for error messages."""
+
+    def normalise(self, text: str) -> str:
+        """``text`` as stored; raises ``ValueError`` if it is not accepted."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    type: ConfigType
+    minimum: int
+
+    @property
+    def accepted(self) -> str:
+        bits = 32 if self.type is ConfigType.INT else 64
+        if self.minimum == self._range[0]:
+            return f"a {bits}-bit integer"
+        return f"a {bits}-bit integer of at least {self.minimum}"
+
+    @property
+    def _range(self) -> tuple[int, int]:
+        return _INT_RANGE if self.type is ConfigType.INT else _LONG_RANGE
+
+    def normalise(self, text: str) -> str:
+        number = int(text.strip())  # ValueError if not a number; Kafka's parseInt trims too
+        if not self.minimum <= number <= self._range[1]:
+            raise ValueError(f"{number} is out of range")
+        return str(number)
+
+
+@dataclass(frozen=True, slots=True)
+class _OneOf:
+    """Kafka's ``ValidString.in(...)``: exactly one of the choices, case-sensitive."""
+
+    choices: tuple[str, ...]
+    type: ConfigType = ConfigType.STRING
+
+    @property
+    def accepted(self) -> str:
+        return "one of " + ", ".join(self.choices)
+
+    def normalise(self, text: str) -> str:
+        value = text.strip()
+        if value not in self.choices:
+            raise ValueError(value)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class _ListOf:
+    """Kafka's ``ValidList.in(...)``: a comma-separated list of the choices (may be empty)."""
+
+    choices: tuple[str, ...]
+    type: ConfigType = ConfigType.LIST
+
+    @property
+    def accepted(self) -> str:
+        return "a comma-separated list of " + ", ".join(self.choices)
+
+    def normalise(self, text: str) -> str:
+        items = split_list(text)
+        if any(item not in self.choices for item in items):
+            raise ValueError(text)
+        return ",".join(dict.fromkeys(items))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDefault:
+    """A broker setting that provides a topic config's default."""
+
+    kafka_name: str
+    """The broker config Kafka would report as the synonym, e.g. ``message.max.bytes``."""
+    setting: str
+    """The Icefloe option under ``[storage]`` that sets it, e.g. ``max_batch_bytes``."""
+
+    def value(self, storage: StorageOptions) -> str:
+        return str(getattr(storage, self.setting))
+
+    def source(self, storage: StorageOptions) -> ConfigSource:
+        if self.setting in storage.model_fields_set:
+            return ConfigSource.STATIC_BROKER_CONFIG
+        return ConfigSource.DEFAULT_CONFIG
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    name: str
+    rule: _Rule
+    default: str
+    """The built-in default; a broker setting, where there is one, overrides it."""
+    documentation: str
+    broker_default: BrokerDefault | None = None
+
+    @property
+    def type(self) -> ConfigType:
+        return self.rule.type
+
+    def default_value(self, storage: StorageOptions) -> str:
+        if self.broker_default is not None:
+            return self.broker_default.value(storage)
+        return self.default
+
+
+_LATER = " Accepted and stored; Icefloe does not enforce it yet."
+_NO_EFFECT = (
+    " Accepted for compatibility and has no effect: Icefloe has no log segments (data lives in "
+    "WAL objects, then Parquet files)."
+)
+_COMPACTION_LATER = (
+    " Accepted for compatibility; log compaction (cleanup.policy=compact) comes later."
+)
+
+TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
+    key.name: key
+    for key in sorted(
+        (
+            ConfigKey(
+                "retention.ms",
+                _Number(ConfigType.LONG, -1),
+                str(7 * 24 * 3600 * 1000),
+                "How long records are kept before they may be deleted, in milliseconds; -1 "
+                "keeps them forever." + _LATER,
+            ),
+            ConfigKey(
+                "retention.bytes",
+                _Number(ConfigType.LONG, _LONG_RANGE[0]),
+                "-1",
+                "Largest size a partition may grow to before old records may be deleted; -1 "
+                "means no limit." + _LATER,
+            ),
+            ConfigKey(
+                "cleanup.policy",
+                _ListOf(("delete", "compact")),
+                "delete",
+                "delete: drop records older than retention.ms or beyond retention.bytes; "
+                "compact: keep the latest record per key." + _LATER,
+            ),
+            ConfigKey(
+                "max.message.bytes",
+                _Number(ConfigType.INT, 0),
+                str(StorageOptions.model_fields["max_batch_bytes"].default),
+                "Largest record batch a producer may send to this topic. Batches are never "
+                "larger than the broker's storage.max_batch_bytes (the default) either.",
+                BrokerDefault("message.max.bytes", "max_batch_bytes"),
+            ),
+            ConfigKey(
+                "message.timestamp.type",
+                _OneOf(("CreateTime", "LogAppendTime")),
+                "CreateTime",
+                "CreateTime keeps the producer's record timestamps; LogAppendTime replaces them "
+                "with the broker's time when the batch is appended.",
+            ),
+            ConfigKey(
+                "compression.type",
+                _OneOf(("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
+                "producer",
+                "The compression of stored batches; producer keeps what the producer sent."
+                + _LATER,
+            ),
+            ConfigKey(
+                "segment.bytes",
+                _Number(ConfigType.INT, 1 << 20),
+                str(1 << 30),
+                "Kafka's log segment size." + _NO_EFFECT,
+            ),
+            ConfigKey(
+                "segment.ms",
+                _Number(ConfigType.LONG, 1),
+                str(7 * 24 * 3600 * 1000),
+                "Kafka's log segment roll time." + _NO_EFFECT,
+            ),
+            ConfigKey(
+                "min.insync.replicas",
+                _Number(ConfigType.INT, 1),
+                "1",
+                "Accepted for compatibility and has no effect: Icefloe keeps no replicas; an "
+                "acknowledged write is already durable in the write-ahead log.",
+            ),
+            ConfigKey(
+                "delete.retention.ms",
+                _Number(ConfigType.LONG, 0),
+                str(24 * 3600 * 1000),
+                "How long delete markers (tombstones) are kept on compacted topics."
+                + _COMPACTION_LATER,
+            ),
+            ConfigKey(
+                "min.compaction.lag.ms",
+                _Number(ConfigType.LONG, 0),
+                "0",
+                "Minimum age of a record before compaction may remove it." + _COMPACTION_LATER,
+            ),
+        ),
+        key=lambda k: k.name,
+    )
+}
+
+
+def split_list(text: str) -> list[str]:
+    """A list config's items: comma-separated, trimmed, empty items dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def config_key(name: str) -> ConfigKey:
+    """The known config ``name``.
+
+    Raises:
+        TopicError: ``invalid_config`` naming the valid keys.
+    """
+    key = TOPIC_CONFIGS.get(name)
+    if key is None:
+        close = difflib.get_close_matches(name, TOPIC_CONFIGS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise TopicError(
+            "invalid_config",
+            f"Unknown topic config name: {name}; {hint}valid names: {', '.join(TOPIC_CONFIGS)}",
+        )
+    return key
+
+
+def validate_value(name: str, value: str | None) -> str:
+    """``value`` normalised as it is stored.
+
+    Raises:
+        TopicError: ``invalid_config`` naming the key and the accepted values.
+    """
+    key = config_key(name)
+    if value is None:
+        raise TopicError("invalid_config", f"Null value not supported for topic configs: {name}")
+    try:
+        return key.rule.normalise(value)
+    except ValueError:
+        raise TopicError(
+            "invalid_config",
+            f"Invalid value {value} for configuration {name}: expected {key.rule.accepted}",
+        ) from None
+
+
+def validate(configs: Mapping[str, str | None]) -> dict[str, str]:
+    """A whole set of topic configs, normalised.
+
+    Raises:
+        TopicError: ``invalid_config`` for the first unknown key or bad value.
+    """
+    return {name: validate_value(name, value) for name, value in configs.items()}
+
+
+def effective_value(configs: Mapping[str, str], name: str, storage: StorageOptions) -> str:
+    """The value in effect for ``name``: the topic's own, else the default."""
+    if name in configs:
+        return configs[name]
+    return config_key(name).default_value(storage)
+
+
+def alter_incrementally(
+    configs: Mapping[str, str],
+    changes: Sequence[tuple[str, AlterOp, str | None]],
+    storage: StorageOptions,
+) -> dict[str, str]:
+    """The topic's configs after IncrementalAlterConfigs ``(name, op, value)`` changes.
+
+    APPEND and SUBTRACT apply to list configs only and start from the value in effect (the
+    default when the topic has none), as Kafka does; APPEND skips items already present.
+
+    Raises:
+        TopicError: ``invalid_config`` for an unknown key, a bad value, or APPEND/SUBTRACT on
+            a config that is not a list.
+    """
+    result = dict(configs)
+    for name, op, value in changes:
+        key = config_key(name)
+        if op is AlterOp.DELETE:
+            result.pop(name, None)
+            continue
+        if op is AlterOp.SET:
+            result[name] = validate_value(name, value)
+            continue
+        if key.type is not ConfigType.LIST:
+            verb = "append" if op is AlterOp.APPEND else "subtract"
+            raise TopicError(
+                "invalid_config", f"Config value {verb} is not allowed for config key: {name}"
+            )
+        current = split_list(effective_value(result, name, storage))
+        given = split_list(validate_value(name, value))
+        items = (
+            current + [v for v in given if v not in current]
+            if op is AlterOp.APPEND
+            else [v for v in current if v not in given]
+        )
+        result[name] = ",".join(items)
+    return result
+
+
+def describe(configs: Mapping[str, str], storage: StorageOptions) -> list[ConfigEntry]:
+    """Every known topic config with its value in effect, source and synonyms, by name."""
+    return [_entry(key, configs.get(key.name), storage) for key in TOPIC_CONFIGS.values()]
+
+
+def _entry(key: ConfigKey, own: str | None, storage: StorageOptions) -> ConfigEntry:
+    synonyms = []
+    if own is not None:
+        synonyms.append(Synonym(key.name, own, ConfigSource.DYNAMIC_TOPIC_CONFIG))
+    broker = key.broker_default
+    if broker is not None and broker.source(storage) is ConfigSource.STATIC_BROKER_CONFIG:
+        synonyms.append(
+            Synonym(broker.kafka_name, broker.value(storage), ConfigSource.STATIC_BROKER_CONFIG)
+        )
+    default_name = broker.kafka_name if broker is not None else key.name
+    synonyms.append(Synonym(default_name, key.default, ConfigSource.DEFAULT_CONFIG))
+    return ConfigEntry(
+        key.name,
+        synonyms[0].value,
+        synonyms[0].source,
+        key.type,
+        key.documentation,
+        tuple(synonyms),
+    )

@@ -1,0 +1,168 @@
+"""Topic configs: Kafka's validation, defaults from broker settings, incremental changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from icefloe.broker import topic_configs
+from icefloe.broker.topic_configs import AlterOp, ConfigSource, ConfigType
+from icefloe.broker.topics import TopicError
+from icefloe.storage.options import StorageOptions
+
+DEFAULTS = StorageOptions()
+
+
+def refusal(name: str, value: str | None) -> TopicError:
+    with pytest.raises(TopicError) as caught:
+        topic_configs.validate_value(name, value)
+    return caught.value
+
+
+def test_an_unknown_key_is_invalid_config_naming_the_valid_keys() -> None:
+    error = refusal("retention.mss", "1")
+    assert error.code == "invalid_config"
+    assert "retention.mss" in str(error)
+    assert "did you mean retention.ms?" in str(error)
+    assert all(name in str(error) for name in topic_configs.TOPIC_CONFIGS)
+
+
+def test_a_non_number_is_invalid_config_naming_the_key_and_the_type() -> None:
+    error = refusal("retention.ms", "a week")
+    assert error.code == "invalid_config"
+    assert str(error) == (
+        "Invalid value a week for configuration retention.ms: "
+        "expected a 64-bit integer of at least -1"
+    )
+
+
+def test_a_number_below_the_minimum_is_refused() -> None:
+    assert refusal("retention.ms", "-2").code == "invalid_config"
+
+
+def test_an_int_config_refuses_values_beyond_32_bits() -> None:
+    assert refusal("max.message.bytes", str(2**31)).code == "invalid_config"
+
+
+def test_numbers_are_stored_trimmed() -> None:
+    assert topic_configs.validate_value("retention.ms", " 1000 ") == "1000"
+
+
+def test_a_choice_outside_the_accepted_values_names_them() -> None:
+    error = refusal("message.timestamp.type", "createtime")
+    assert "expected one of CreateTime, LogAppendTime" in str(error)
+
+
+@pytest.mark.parametrize("codec", ["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"])
+def test_every_kafka_compression_type_is_accepted(codec: str) -> None:
+    assert topic_configs.validate_value("compression.type", codec) == codec
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("delete", "delete"),
+        ("compact", "compact"),
+        (" compact , delete ", "compact,delete"),
+        ("delete,delete", "delete"),
+        ("", ""),
+    ],
+)
+def test_cleanup_policy_accepts_what_kafka_accepts(given: str, stored: str) -> None:
+    assert topic_configs.validate_value("cleanup.policy", given) == stored
+
+
+def test_cleanup_policy_refuses_other_policies() -> None:
+    error = refusal("cleanup.policy", "delete,archive")
+    assert "expected a comma-separated list of delete, compact" in str(error)
+
+
+def test_a_null_value_is_invalid_config() -> None:
+    assert refusal("retention.ms", None).code == "invalid_config"
+
+
+def test_segment_settings_are_accepted_although_they_have_no_effect() -> None:
+    assert topic_configs.validate({"segment.bytes": "1048576", "segment.ms": "1"}) == {
+        "segment.bytes": "1048576",
+        "segment.ms": "1",
+    }
+
+
+def test_every_config_is_documented() -> None:
+    assert all(key.documentation for key in topic_configs.TOPIC_CONFIGS.values())
+
+
+def test_describe_lists_every_config_with_its_default_source() -> None:
+    entries = topic_configs.describe({}, DEFAULTS)
+    assert [e.name for e in entries] == sorted(topic_configs.TOPIC_CONFIGS)
+    assert {e.source for e in entries} == {ConfigSource.DEFAULT_CONFIG}
+
+
+def test_a_config_set_on_the_topic_comes_first_and_keeps_the_default_as_synonym() -> None:
+    entry = _entry(topic_configs.describe({"retention.ms": "1000"}, DEFAULTS), "retention.ms")
+    assert (entry.value, entry.source, entry.type) == (
+        "1000",
+        ConfigSource.DYNAMIC_TOPIC_CONFIG,
+        ConfigType.LONG,
+    )
+    assert [(s.value, s.source) for s in entry.synonyms] == [
+        ("1000", ConfigSource.DYNAMIC_TOPIC_CONFIG),
+        ("604800000", ConfigSource.DEFAULT_CONFIG),
+    ]
+
+
+def test_max_message_bytes_defaults_to_the_storage_batch_limit() -> None:
+    storage = StorageOptions(max_batch_bytes=5000)
+    entry = _entry(topic_configs.describe({}, storage), "max.message.bytes")
+    assert (entry.value, entry.source) == ("5000", ConfigSource.STATIC_BROKER_CONFIG)
+    assert entry.synonyms[0].name == "message.max.bytes"
+
+
+def test_max_message_bytes_default_is_a_default_when_storage_leaves_it_unset() -> None:
+    entry = _entry(topic_configs.describe({}, DEFAULTS), "max.message.bytes")
+    assert (entry.value, entry.source) == (
+        str(DEFAULTS.max_batch_bytes),
+        ConfigSource.DEFAULT_CONFIG,
+    )
+
+
+def test_incremental_set_and_delete() -> None:
+    changed = topic_configs.alter_incrementally(
+        {"retention.ms": "1", "segment.ms": "5"},
+        [("retention.ms", AlterOp.SET, "2"), ("segment.ms", AlterOp.DELETE, None)],
+        DEFAULTS,
+    )
+    assert changed == {"retention.ms": "2"}
+
+
+def test_incremental_append_starts_from_the_default_and_skips_present_items() -> None:
+    changed = topic_configs.alter_incrementally(
+        {}, [("cleanup.policy", AlterOp.APPEND, "compact,delete")], DEFAULTS
+    )
+    assert changed == {"cleanup.policy": "delete,compact"}
+
+
+def test_incremental_subtract_removes_items() -> None:
+    changed = topic_configs.alter_incrementally(
+        {"cleanup.policy": "delete,compact"},
+        [("cleanup.policy", AlterOp.SUBTRACT, "delete")],
+        DEFAULTS,
+    )
+    assert changed == {"cleanup.policy": "compact"}
+
+
+@pytest.mark.parametrize("op", [AlterOp.APPEND, AlterOp.SUBTRACT])
+def test_append_and_subtract_are_refused_on_configs_that_are_not_lists(op: AlterOp) -> None:
+    with pytest.raises(TopicError) as caught:
+        topic_configs.alter_incrementally({}, [("retention.ms", op, "1")], DEFAULTS)
+    assert caught.value.code == "invalid_config"
+    assert "retention.ms" in str(caught.value)
+
+
+def test_incremental_delete_of_an_unknown_key_is_invalid_config() -> None:
+    with pytest.raises(TopicError) as caught:
+        topic_configs.alter_incrementally({}, [("nope", AlterOp.DELETE, None)], DEFAULTS)
+    assert caught.value.code == "invalid_config"
+
+
+def _entry(entries: list[topic_configs.ConfigEntry], name: str) -> topic_configs.ConfigEntry:
+    return next(e for e in entries if e.name == name)
