@@ -66,6 +66,6 @@ def test_unknown_config_key_stops_any_command() -> None:
 
 
 def test_contract_test_of_a_missing_backend_names_the_pip_install() -> None:
-    result = icefloe("contract-test", "metadata", "etcd")
+    result = icefloe("contract-test", "wal", "bookkeeper")
     assert result.returncode == 2
-    assert "pip install icefloe-metadata-etcd" in result.stderr
+    assert "pip install icefloe-wal-bookkeeper" in result.stderr

@@ -27,7 +27,7 @@ def test_defaults_select_the_embedded_backends() -> None:
     assert config.metadata.backend == "sqlite"
     assert config.object_store.backend == "local"
     assert config.wal.backend == "object"
-    assert config.tables.formats == []
+    assert config.tables.formats == "installed"
 
 
 def test_one_line_in_the_file_selects_a_backend(tmp_path: Path) -> None:
@@ -82,10 +82,10 @@ def test_unknown_backend_lists_the_valid_choices() -> None:
 
 
 def test_known_backend_not_installed_gives_the_pip_install() -> None:
-    config = load_config(env={"ICEFLOE_OBJECT_STORE__BACKEND": "gcs"})
+    config = load_config(env={"ICEFLOE_WAL__BACKEND": "bookkeeper"})
     with pytest.raises(BackendNotInstalledError) as exc:
-        resolve(config, PortKind.OBJECT_STORE)
-    assert "pip install icefloe-store-gcs" in one_line(exc)
+        resolve(config, PortKind.WAL)
+    assert "pip install icefloe-wal-bookkeeper" in one_line(exc)
 
 
 def test_unknown_top_level_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
@@ -149,6 +149,16 @@ def test_missing_config_file_is_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_config(tmp_path / "nope.toml", env={})
     assert "does not exist" in one_line(exc)
+
+
+def test_tables_default_to_every_installed_format() -> None:
+    installed = {b.name for b in BackendRegistry().installed(PortKind.TABLE)}
+    chosen = {b.name for b in resolve(load_config(env={}), PortKind.TABLE)}
+    assert chosen == installed
+
+
+def test_tables_can_be_switched_off() -> None:
+    assert resolve(load_config(env={"ICEFLOE_TABLES__FORMATS": "[]"}), PortKind.TABLE) == []
 
 
 def test_compaction_runs_in_process_by_default() -> None:

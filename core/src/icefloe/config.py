@@ -25,13 +25,14 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from icefloe.broker.options import BrokerOptions
 from icefloe.compaction.options import CompactorOptions
 from icefloe.errors import ConfigError, IcefloeError
+from icefloe.groups.options import GroupOptions
 from icefloe.plugins import BackendRegistry
 from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
 from icefloe.storage.options import StorageOptions
@@ -52,24 +53,49 @@ class _Section(BaseModel):
 
 
 class BackendSection(_Section):
-    """A port's section: the selected backend plus per-backend option tables (extra keys)."""
+    """A port's section: the selected backend plus per-backend option tables (extra keys).
 
-    backend: str
+    Subclasses set the default backend, so a file or environment that only sets options
+    (``ICEFLOE_METADATA__SQLITE__POLL_INTERVAL``) keeps the default backend.
+    """
+
+    backend: str | None
 
     def options_for(self, name: str) -> dict[str, Any]:
         extra = self.model_extra or {}
-        options = extra.get(name, {})
-        return dict(options)
+        return dict(extra.get(name, {}))
 
 
-class OptionalBackendSection(BackendSection):
-    """A port that may be switched off (``backend`` unset)."""
+class MetadataSection(BackendSection):
+    backend: str | None = "sqlite"
 
-    backend: str | None = None  # type: ignore[assignment]
+
+class ObjectStoreSection(BackendSection):
+    backend: str | None = "local"
+
+
+class WalSection(BackendSection):
+    backend: str | None = "object"
+
+
+class CompactionSection(BackendSection):
+    """Set ``backend = ""`` to switch compaction off."""
+
+    backend: str | None = "local"
+
+
+INSTALLED: Final = "installed"
 
 
 class TablesSection(_Section):
-    formats: list[str] = Field(default_factory=list)
+    """Table formats to commit compacted files to, several at once.
+
+    ``formats = "installed"`` (the default) means every table-format plugin that is installed,
+    so installing ``icefloe-table-iceberg`` is all the quick start needs; ``[]`` switches
+    tables off.
+    """
+
+    formats: list[str] | Literal["installed"] = INSTALLED
     namespace: str = "icefloe"
 
     def options_for(self, name: str) -> dict[str, Any]:
@@ -83,14 +109,15 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     data_dir: Path = Path("icefloe-data")
-    metadata: BackendSection = BackendSection(backend="sqlite")
-    object_store: BackendSection = BackendSection(backend="local")
-    wal: BackendSection = BackendSection(backend="object")
+    metadata: MetadataSection = MetadataSection()
+    object_store: ObjectStoreSection = ObjectStoreSection()
+    wal: WalSection = WalSection()
     tables: TablesSection = TablesSection()
-    compaction: OptionalBackendSection = OptionalBackendSection(backend="local")
+    compaction: CompactionSection = CompactionSection()
     compactor: CompactorOptions = CompactorOptions()
     storage: StorageOptions = StorageOptions()
     broker: BrokerOptions = BrokerOptions()
+    groups: GroupOptions = GroupOptions()
 
     def section(self, kind: PortKind) -> BackendSection | TablesSection:
         section: BackendSection | TablesSection = getattr(self, kind.value)
@@ -188,7 +215,7 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
 def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
     """One line for the first validation error: the key, what is wrong, where to set it."""
     error = exc.errors()[0]
-    loc = [str(part) for part in error["loc"]]
+    loc = _config_path(data, [str(part) for part in error["loc"]])
     key = ".".join(loc)
     if error["type"] == "extra_forbidden":
         if len(loc) == 1:
@@ -200,6 +227,20 @@ def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
         return f"config section [{key}]: {message}"
     shown = f" (got {value!r})" if value is not None else ""
     return f"config key {key}: {message.lower()}{shown}; set it in {_where(loc)}"
+
+
+def _config_path(data: Mapping[str, Any], loc: list[str]) -> list[str]:
+    """The config keys of an error location, without the type tags pydantic adds for unions."""
+    path: list[str] = []
+    node: Any = data
+    for part in loc:
+        if not isinstance(node, Mapping):
+            break
+        path.append(part)
+        if part not in node:
+            break
+        node = node[part]
+    return path
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -259,7 +300,11 @@ def resolve(
                 f"valid choices: {', '.join(valid)}"
             )
     if isinstance(section, TablesSection):
-        names = section.formats
+        names = (
+            [b.name for b in registry.installed(kind)]
+            if section.formats == INSTALLED
+            else section.formats
+        )
     else:
         names = [section.backend] if section.backend else []
     resolved = []
@@ -338,7 +383,20 @@ def masked(config: Config, registry: BackendRegistry | None = None) -> dict[str,
     return masked_data
 
 
-_SECRET_WORDS: Final = ("password", "secret", "token", "credential", "access_key", "key_id", "sas")
+SECRET_MASK: Final = "**********"
+"""What a secret shows as; the same as pydantic's ``SecretStr``."""
+
+_SECRET_WORDS: Final = (
+    "password",
+    "secret",
+    "token",
+    "credential",
+    "access_key",
+    "account_key",
+    "connection_string",
+    "key_id",
+    "sas",
+)
 
 
 def _mask_secret_like(value: Any, key: str = "") -> Any:
@@ -346,5 +404,5 @@ def _mask_secret_like(value: Any, key: str = "") -> Any:
     if isinstance(value, dict):
         return {k: _mask_secret_like(v, k) for k, v in value.items()}
     if value not in (None, "") and any(word in key.lower() for word in _SECRET_WORDS):
-        return "********"
+        return SECRET_MASK
     return value

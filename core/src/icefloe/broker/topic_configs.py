@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from icefloe.broker.topics import TopicError
+from icefloe.compaction.options import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, CompactorOptions
 from icefloe.storage.options import StorageOptions
 
 _INT_RANGE: Final = (-(2**31), 2**31 - 1)
@@ -202,22 +203,24 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "retention.ms",
                 _Number(ConfigType.LONG, -1),
                 str(7 * 24 * 3600 * 1000),
-                "How long records are kept before they may be deleted, in milliseconds; -1 "
-                "keeps them forever." + _LATER,
+                "How long records stay readable by Kafka consumers, in milliseconds; -1 keeps "
+                "them forever. Rows already in the topic's tables stay there.",
             ),
             ConfigKey(
                 "retention.bytes",
                 _Number(ConfigType.LONG, _LONG_RANGE[0]),
                 "-1",
-                "Largest size a partition may grow to before old records may be deleted; -1 "
-                "means no limit." + _LATER,
+                "Largest size a partition may grow to before its oldest records stop being "
+                "readable by Kafka consumers; -1 means no limit. Rows already in the topic's "
+                "tables stay there.",
             ),
             ConfigKey(
                 "cleanup.policy",
                 _ListOf(("delete", "compact")),
                 "delete",
                 "delete: drop records older than retention.ms or beyond retention.bytes; "
-                "compact: keep the latest record per key." + _LATER,
+                "compact: keep the latest record per key (not enforced yet: a compact-only "
+                "topic keeps everything).",
             ),
             ConfigKey(
                 "max.message.bytes",
@@ -252,6 +255,21 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 _Number(ConfigType.LONG, 1),
                 str(7 * 24 * 3600 * 1000),
                 "Kafka's log segment roll time." + _NO_EFFECT,
+            ),
+            ConfigKey(
+                MAX_AGE_CONFIG,
+                _Number(ConfigType.LONG, 0),
+                str(int(CompactorOptions.model_fields["max_age_s"].default * 1000)),
+                "Compact this topic's stream into its tables once its oldest uncompacted record "
+                "is this old, in milliseconds (the broker-wide default is [compactor] "
+                "max_age_s).",
+            ),
+            ConfigKey(
+                MIN_BYTES_CONFIG,
+                _Number(ConfigType.LONG, 1),
+                str(CompactorOptions.model_fields["min_bytes"].default),
+                "Compact this topic's stream into its tables once this many bytes wait in the "
+                "write-ahead log (the broker-wide default is [compactor] min_bytes).",
             ),
             ConfigKey(
                 "min.insync.replicas",

@@ -256,7 +256,6 @@ class Committer:
             location=self._store.url(layout.table_root(self._namespace, topic)),
             schema=ROW_SCHEMA,
             metadata_location=self._store.url(layout.iceberg_metadata_root(self._namespace, topic)),
-            properties={"icefloe.topic": topic},
         )
 
 

@@ -16,6 +16,7 @@ from typing import Final, Self
 
 from icefloe import config as configuration
 from icefloe.broker.topics import Topic, TopicRegistry
+from icefloe.compaction import retention
 from icefloe.compaction.committer import Committer, TaskRecord
 from icefloe.compaction.options import CompactorOptions
 from icefloe.compaction.planner import plan_task
@@ -126,6 +127,14 @@ class Compactor:
         record = await self.committer.finish(await self.committer.start(plan))
         return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
 
+    async def enforce_retention(self) -> int:
+        """Apply ``retention.ms``/``retention.bytes`` to every topic; entries removed."""
+        now_ms = int(time.time() * 1000)
+        removed = 0
+        for topic in self.topics.cached():
+            removed += await retention.enforce(self.storage, topic, now_ms)
+        return removed
+
     async def until_idle(self, report: Callable[[Progress], None] | None = None) -> int:
         """Compact everything now (ignoring ages and sizes); return the number of tasks."""
         tasks = 0
@@ -153,6 +162,7 @@ class Compactor:
                 while not stop.is_set() and session.alive:
                     try:
                         await self.compact_once()
+                        await self.enforce_retention()
                     except IcefloeError:
                         log.warning("compaction failed; will retry", exc_info=True)
                     await _sleep_until(stop, self._options.interval_s)

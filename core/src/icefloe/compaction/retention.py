@@ -1,0 +1,54 @@
+"""``retention.ms`` and ``retention.bytes``: old index entries leave the stream.
+
+Entries go from the front of the log, whole, as Kafka deletes whole segments: by age once an
+entry's newest record is older than ``retention.ms``, by size while the rest of the log still
+holds ``retention.bytes``. The last entry always stays: it carries the log end offset, which must
+never go back. Kafka's defaults apply (7 days, no size limit, ``cleanup.policy=delete``); a
+compact-only topic keeps everything until log compaction exists. A WAL object no entry
+references any more is collected as an orphan; rows that reached the tables stay there (a table
+keeps its history unless the operator drops it).
+"""
+
+from __future__ import annotations
+
+from icefloe.broker.topic_configs import effective_value, split_list
+from icefloe.broker.topics import Topic
+from icefloe.storage import keys
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.index import IndexEntry
+from icefloe.storage.options import StorageOptions
+
+
+def expired_entries(
+    entries: list[IndexEntry], topic: Topic, now_ms: int, storage: StorageOptions
+) -> list[IndexEntry]:
+    """The leading entries that retention removes (never the last one)."""
+    configs = topic.configs
+    if "delete" not in split_list(effective_value(configs, "cleanup.policy", storage)):
+        return []
+    retention_ms = int(effective_value(configs, "retention.ms", storage))
+    retention_bytes = int(effective_value(configs, "retention.bytes", storage))
+    remaining = sum(e.size for e in entries)
+    expired = []
+    for entry in entries[:-1]:
+        too_old = retention_ms >= 0 and entry.max_timestamp < now_ms - retention_ms
+        too_big = retention_bytes >= 0 and remaining - entry.size >= retention_bytes
+        if not (too_old or too_big):
+            break
+        expired.append(entry)
+        remaining -= entry.size
+    return expired
+
+
+async def enforce(storage: StreamStorage, topic: Topic, now_ms: int) -> int:
+    """Delete the topic's expired entries, oldest first; return how many went."""
+    removed = 0
+    for stream_id in topic.streams:
+        entries = await storage.index.scan(stream_id)
+        # Oldest first: a reader never finds a hole in the middle of the log.
+        for entry in expired_entries(entries, topic, now_ms, storage.options):
+            await storage.metadata.delete(
+                keys.index_key(stream_id, entry.end, entry.cumulative_size)
+            )
+            removed += 1
+    return removed

@@ -1,0 +1,97 @@
+"""retention.ms and retention.bytes remove whole entries from the front, never the last."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from icefloe.broker.topics import TopicRegistry
+from icefloe.compaction import retention
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.reader import OffsetOutOfRange
+from icefloe.storage.records import Record
+from tests.support.storage import storage_config
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[StreamStorage, TopicRegistry]]:
+    async with await StreamStorage.open(storage_config(tmp_path)) as storage:
+        topics = TopicRegistry(storage)
+        await topics.start()
+        yield storage, topics
+        await topics.close()
+
+
+def records(n: int, timestamp: int) -> list[Record]:
+    return [Record(i, timestamp, None, b"x" * 100) for i in range(n)]
+
+
+async def test_entries_older_than_retention_ms_go(
+    setup: tuple[StreamStorage, TopicRegistry],
+) -> None:
+    storage, topics = setup
+    now = int(time.time() * 1000)
+    topic = await topics.create("t", 1, {"retention.ms": "60000"})
+    stream = topic.streams[0]
+    await storage.append(stream, records(5, now - 120_000))  # two minutes old
+    await storage.append(stream, records(5, now - 90_000))
+    await storage.append(stream, records(5, now))
+    assert await retention.enforce(storage, topic, now) == 2
+    assert await storage.log_start(stream) == 10
+    assert await storage.log_end(stream) == 15
+    with pytest.raises(OffsetOutOfRange):
+        await storage.read(stream, 3)
+    assert [r.offset for r in await storage.read_records(stream, 10)] == list(range(10, 15))
+
+
+async def test_the_last_entry_stays_so_the_log_end_never_goes_back(
+    setup: tuple[StreamStorage, TopicRegistry],
+) -> None:
+    storage, topics = setup
+    now = int(time.time() * 1000)
+    topic = await topics.create("t", 1, {"retention.ms": "1000"})
+    stream = topic.streams[0]
+    await storage.append(stream, records(5, now - 60_000))
+    await storage.append(stream, records(5, now - 60_000))
+    assert await retention.enforce(storage, topic, now) == 1
+    assert await storage.append(stream, records(1, now)) == 10
+
+
+async def test_retention_bytes_keeps_at_least_that_much(
+    setup: tuple[StreamStorage, TopicRegistry],
+) -> None:
+    storage, topics = setup
+    now = int(time.time() * 1000)
+    topic = await topics.create("t", 1)
+    stream = topic.streams[0]
+    for _ in range(4):
+        await storage.append(stream, records(10, now))
+    one_entry = (await storage.index.scan(stream))[0].size
+    sized = await topics.set_configs("t", {"retention.bytes": str(2 * one_entry)})
+    assert await retention.enforce(storage, sized, now) == 2
+    assert await storage.log_start(stream) == 20
+
+
+async def test_kafkas_seven_day_default_applies(
+    setup: tuple[StreamStorage, TopicRegistry],
+) -> None:
+    storage, topics = setup
+    now = int(time.time() * 1000)
+    topic = await topics.create("t", 1)
+    await storage.append(topic.streams[0], records(5, now - 8 * 24 * 3600 * 1000))
+    await storage.append(topic.streams[0], records(5, now - 6 * 24 * 3600 * 1000))
+    await storage.append(topic.streams[0], records(5, now))
+    assert await retention.enforce(storage, topic, now) == 1
+
+
+async def test_a_compact_only_topic_keeps_everything(
+    setup: tuple[StreamStorage, TopicRegistry],
+) -> None:
+    storage, topics = setup
+    topic = await topics.create("t", 1, {"cleanup.policy": "compact", "retention.ms": "1"})
+    await storage.append(topic.streams[0], records(5, 0))
+    await storage.append(topic.streams[0], records(5, 0))
+    assert await retention.enforce(storage, topic, 10**13) == 0

@@ -1,0 +1,70 @@
+"""A compactor that kills itself (SIGKILL) at a chosen step of the saga, for crash tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from icefloe.broker.topics import TopicRegistry
+from icefloe.compaction.committer import TaskRecord
+from icefloe.compaction.service import Compactor
+from icefloe.config import Config
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.keys import is_index_key
+
+CRASH_POINTS = ("files-written", "written", "committed", "first-table", "mid-swap")
+"""files-written: the Parquet files exist, the task still says 'planned';
+written / committed: right after the task record reached that state;
+first-table: after the first table format committed, before the others;
+mid-swap: after the Parquet entry replaced the last WAL entry, before the others are deleted."""
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def compact_and_crash(config: Config, crash_at: str) -> None:
+    async def main() -> None:
+        storage = await StreamStorage.open(config)
+        topics = TopicRegistry(storage)
+        await topics.start()
+        compactor = await Compactor.open(config, storage, topics)
+        committer = compactor.committer
+        save = committer._save
+
+        async def save_then_maybe_die(record: TaskRecord) -> None:
+            if crash_at == "files-written" and record.state == "written":
+                _die()
+            await save(record)
+            if record.state == crash_at:
+                _die()
+
+        committer._save = save_then_maybe_die  # type: ignore[method-assign]
+        if crash_at == "first-table" and compactor.catalogs:
+            first = compactor.catalogs[0]
+            commit = first.commit
+
+            async def commit_then_die(*args: Any, **kwargs: Any) -> Any:
+                await commit(*args, **kwargs)
+                _die()
+
+            first.commit = commit_then_die  # type: ignore[method-assign]
+        if crash_at == "mid-swap":
+            delete = storage.metadata.delete
+
+            async def delete_or_die(key: str, **kwargs: Any) -> bool:
+                if is_index_key(key):
+                    _die()
+                return await delete(key, **kwargs)
+
+            storage.metadata.delete = delete_or_die  # type: ignore[method-assign]
+        await compactor.until_idle()
+        raise SystemExit(f"the compactor did not reach {crash_at!r}")
+
+    asyncio.run(main())
+
+
+__all__ = ["CRASH_POINTS", "Path", "compact_and_crash"]
