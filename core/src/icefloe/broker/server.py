@@ -110,17 +110,20 @@ class KafkaServer:
         self._connections.add(task)
         peer = str(writer.get_extra_info("peername"))
         connection = Connection(peer)
-        responses: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(
+        responses: asyncio.Queue[_Pending | None] = asyncio.Queue(
             self._options.max_inflight_requests
         )
-        sender = asyncio.create_task(self._send(writer, responses), name=f"send {peer}")
+        budget = _ByteBudget(self._options.max_inflight_bytes)
+        sender = asyncio.create_task(self._send(writer, responses, budget), name=f"send {peer}")
         try:
             while True:
                 frame = await self._read_frame(reader)
                 if frame is None:
                     break
+                # Stop reading while this connection's unanswered requests hold too much.
+                await budget.take(len(frame))
                 response = self._dispatch(connection, frame)
-                await responses.put(response)  # waits while too many are in flight
+                await responses.put(_Pending(response, len(frame)))
         except ProtocolError as exc:
             log.info("closing %s: %s", peer, exc)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -183,14 +186,15 @@ class KafkaServer:
     async def _send(
         self,
         writer: asyncio.StreamWriter,
-        responses: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        responses: asyncio.Queue[_Pending | None],
+        budget: _ByteBudget,
     ) -> None:
         while True:
-            task = await responses.get()
-            if task is None:
+            pending = await responses.get()
+            if pending is None:
                 return
             try:
-                frame = await task
+                frame = await pending.response
             except Exception:
                 # A handler bug must not hang the client: drop the connection instead.
                 log.exception("request handler failed; closing the connection")
@@ -199,3 +203,32 @@ class KafkaServer:
             if frame is not None:
                 writer.write(frame)
                 await writer.drain()
+            await budget.give_back(pending.size)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    response: asyncio.Task[bytes | None]
+    size: int
+    """Bytes of the request frame, held until its response is sent."""
+
+
+class _ByteBudget:
+    """Bytes of unanswered requests a connection may hold; a lone oversized request passes."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self, size: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._used == 0 or self._used + size <= self._limit
+            )
+            self._used += size
+
+    async def give_back(self, size: int) -> None:
+        async with self._changed:
+            self._used -= size
+            self._changed.notify_all()

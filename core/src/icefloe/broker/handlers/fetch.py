@@ -1,0 +1,200 @@
+"""Fetch: whole record batches from each partition, with long polls driven by notifications.
+
+Size limits follow KIP-74: partitions are filled in request order until ``max_bytes``; only
+the first partition that returns data may exceed a limit, by its first batch, so that a
+consumer always makes progress; batches are never split. When fewer than ``min_bytes`` are
+available the request waits, up to ``max_wait``, for an index notification on any of its
+partitions (:meth:`StreamStorage.wait_for_data`), then reads again.
+
+There are no fetch sessions (KIP-227): this broker answers as a Kafka broker whose session
+cache has no slots. A full request gets a full response with session id 0, which tells the
+client to send full requests again; an incremental request names a session this broker
+never created, so it gets FETCH_SESSION_ID_NOT_FOUND, after which clients fall back to a
+full request.
+
+There are no transactions either, so every batch is committed: read_committed reads what
+read_uncommitted reads, the last stable offset is the high watermark, and no transaction is
+ever aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from icefloe.broker.handlers import partitions
+from icefloe.broker.protocol import make
+from icefloe.broker.server import RequestContext
+from icefloe.errors import IcefloeError
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.reader import OffsetOutOfRange
+
+_NO_THROTTLE = datetime.timedelta(0)
+_READ_UNCOMMITTED: Final = 0
+_FULL_REQUEST_EPOCHS: Final = (0, -1)
+"""Session epochs of full fetch requests (start a session, or none); others are incremental."""
+
+
+@dataclass(eq=False)
+class _Partition:
+    """One requested partition: where to read, and what the latest read found."""
+
+    topic: str
+    index: int
+    fetch_offset: int
+    max_bytes: int
+    stream_id: int | None = None
+    error: ErrorCode = ErrorCode.none
+    data: bytes = b""
+    next_offset: int = 0
+
+    @property
+    def readable(self) -> bool:
+        return self.stream_id is not None and self.error is ErrorCode.none
+
+
+async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
+    module = ctx.response_module()
+    if getattr(request, "session_epoch", -1) not in _FULL_REQUEST_EPOCHS:
+        return make(
+            module.FetchResponse,
+            throttle_time=_NO_THROTTLE,
+            error_code=ErrorCode.fetch_session_id_not_found,
+            session_id=0,
+            responses=(),
+        )
+    targets = [
+        await _target(ctx, topic.topic, p) for topic in request.topics for p in topic.partitions
+    ]
+    await _fill(ctx.broker.storage, targets, request)
+    return make(
+        module.FetchResponse,
+        throttle_time=_NO_THROTTLE,
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=await _responses(ctx, module, targets, request.isolation_level),
+    )
+
+
+async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
+    """A partition to read, or the error that says why it cannot be read here."""
+    target = _Partition(topic, request.partition, request.fetch_offset, request.partition_max_bytes)
+    target.stream_id = await partitions.stream_of(ctx, topic, request.partition)
+    epoch_error = partitions.leader_epoch_error(getattr(request, "current_leader_epoch", -1))
+    if target.stream_id is None:
+        target.error = ErrorCode.unknown_topic_or_partition
+    elif epoch_error is not None:
+        target.error = epoch_error
+    elif partitions.owned_elsewhere(ctx, topic, request.partition):
+        target.error = ErrorCode.not_leader_or_follower
+    return target
+
+
+async def _fill(storage: StreamStorage, targets: list[_Partition], request: Any) -> None:
+    """Read every partition; while fewer than ``min_bytes`` came back, wait and read again."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.max_wait.total_seconds()
+    while True:
+        size, full = await _read_all(storage, targets, request.max_bytes)
+        remaining = deadline - loop.time()
+        # As in Kafka, an error in any partition answers the request at once; so does a
+        # response that is full (waiting could not make it any bigger).
+        if (
+            size >= request.min_bytes
+            or full
+            or remaining <= 0
+            or any(t.error is not ErrorCode.none for t in targets)
+        ):
+            return
+        waiting = [(t.stream_id, t.next_offset) for t in targets if t.stream_id is not None]
+        if not waiting:
+            return
+        await storage.wait_for_data(waiting, remaining)
+
+
+async def _read_all(
+    storage: StreamStorage, targets: list[_Partition], max_bytes: int
+) -> tuple[int, bool]:
+    """Read each partition from its fetch offset within the limits.
+
+    Returns:
+        The bytes read, and whether the limits held back data that is there to read.
+    """
+    size = 0
+    full = False
+    for target in targets:
+        target.data, target.next_offset = b"", target.fetch_offset
+        if not target.readable:
+            continue
+        if size and size >= max_bytes:
+            full = True
+            continue
+        limit = min(target.max_bytes, max_bytes - size)
+        data = await _read(storage, target, max(limit, 1))
+        # The storage always returns a whole first batch; only the first data may exceed.
+        if size == 0 or len(data) <= limit:
+            target.data = data
+            size += len(data)
+        else:
+            target.next_offset = target.fetch_offset
+            full = True
+    return size, full
+
+
+async def _read(storage: StreamStorage, target: _Partition, max_bytes: int) -> bytes:
+    assert target.stream_id is not None
+    try:
+        result = await storage.read(target.stream_id, target.fetch_offset, max_bytes)
+    except OffsetOutOfRange:
+        target.error = ErrorCode.offset_out_of_range
+        return b""
+    except IcefloeError as exc:
+        target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
+        return b""
+    target.next_offset = result.next_offset
+    return result.data
+
+
+async def _responses(
+    ctx: RequestContext, module: Any, targets: list[_Partition], isolation_level: int
+) -> tuple[Any, ...]:
+    by_topic: dict[str, list[Any]] = {}
+    for target in targets:
+        by_topic.setdefault(target.topic, []).append(
+            await _partition_response(ctx.broker.storage, module, target, isolation_level)
+        )
+    return tuple(
+        make(module.FetchableTopicResponse, topic=topic, partitions=tuple(answers))
+        for topic, answers in by_topic.items()
+    )
+
+
+async def _partition_response(
+    storage: StreamStorage, module: Any, target: _Partition, isolation_level: int
+) -> Any:
+    high_watermark = log_start = -1  # what Kafka answers for a partition in error
+    if target.readable:
+        assert target.stream_id is not None
+        try:
+            # Read after the records, so the high watermark is never behind what they hold.
+            high_watermark = await storage.log_end(target.stream_id)
+            log_start = await storage.log_start(target.stream_id)
+        except IcefloeError as exc:
+            target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
+            target.data, high_watermark, log_start = b"", -1, -1
+    return make(
+        module.PartitionData,
+        partition_index=target.index,
+        error_code=target.error,
+        high_watermark=high_watermark,
+        last_stable_offset=high_watermark,
+        log_start_offset=log_start,
+        # Kafka sends null for read_uncommitted and the (here empty) list for read_committed.
+        aborted_transactions=None if isolation_level == _READ_UNCOMMITTED else (),
+        preferred_read_replica=-1,
+        records=target.data,
+    )

@@ -1,0 +1,202 @@
+"""Produce: validate each partition's batch, hand it to the stream writer, answer once durable.
+
+A partition's batch is acknowledged only after its WAL object is durable and its index entry
+is committed (the writer's future completes then), so acks=1 and acks=-1 mean the same here.
+acks=0 gets no response, but the batch is written all the same.
+
+Order matters for pipelining clients: an idempotent producer may have several requests in
+flight on one connection, and their batches must reach the writer in request order or their
+sequence numbers would look out of order. So a request holds its connection's ``ordered`` lock
+while it submits every partition, and awaits the commits only after releasing it, so that the
+commits of pipelined requests still overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from icefloe.broker.handlers import partitions
+from icefloe.broker.protocol import make
+from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
+from icefloe.errors import IcefloeError
+from icefloe.storage import batch
+from icefloe.storage.batch import BatchError
+from icefloe.storage.producers import ClaimPending, ProducerError
+
+log = logging.getLogger(__name__)
+
+_NO_THROTTLE = datetime.timedelta(0)
+_VALID_ACKS: Final = (-1, 0, 1)
+_LENGTH = struct.Struct(">i")
+_TRANSACTIONAL_BIT: Final = 0x10
+_UNKNOWN_LOG_START: Final = -1
+"""The field's "unknown". Reading the real value costs a metadata-store query per partition
+per request, which in the latency profile multiplied the acknowledgement latency many times
+over (see tests/bench/produce_bench.py). Producers use it only to tell a producer state lost
+to retention from a real sequence error, and Icefloe has no retention yet: when it does, the
+storage engine should keep the log start in memory (it changes by notification) for this."""
+
+TRANSACTIONS_UNSUPPORTED: Final = (
+    "transactions are not supported yet: produce without a transactional.id "
+    "(idempotent producers are supported)"
+)
+
+_WRITE_ERRORS = (IcefloeError, ProducerError, ClaimPending)
+"""What submitting or committing a batch raises for a reason the client must hear about."""
+
+
+@dataclass(eq=False)
+class _Partition:
+    """One partition of the request and, as it goes, its outcome."""
+
+    topic: str
+    index: int
+    pending: asyncio.Future[int] | None = None
+    base_offset: int = -1
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+
+    def fail(self, error: ErrorCode, message: str) -> None:
+        self.error, self.message, self.pending = error, message, None
+
+
+async def handle_produce(ctx: RequestContext, request: Any) -> Any | NoResponse:
+    # Taken before the first await, so that pipelined requests queue on it in request order.
+    async with ctx.connection.ordered:
+        targets = await _submit_all(ctx, request)
+    if request.acks == 0:
+        return NO_RESPONSE
+    await asyncio.gather(*(_complete(t) for t in targets))
+    return _response(ctx, request, targets)
+
+
+async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
+    """Submit every partition's batch, in request order; refusals become partition errors."""
+    refusal = _refusal(request)
+    targets = []
+    for topic in request.topic_data:
+        for data in topic.partition_data:
+            target = _Partition(topic.name, data.index)
+            if refusal is not None:
+                target.fail(*refusal)
+            else:
+                await _submit(ctx, target, data.records or b"")
+            targets.append(target)
+    return targets
+
+
+def _refusal(request: Any) -> tuple[ErrorCode, str] | None:
+    """An error for the whole request, as Kafka checks before looking at any partition."""
+    if request.acks not in _VALID_ACKS:
+        return ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, not {request.acks}"
+    transactional = request.transactional_id is not None or any(
+        _is_transactional(data.records)
+        for topic in request.topic_data
+        for data in topic.partition_data
+    )
+    if transactional:
+        # Kafka's answer to transactional records it may not accept; non-retriable, so the
+        # client stops at once instead of retrying until its delivery timeout.
+        return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_UNSUPPORTED
+    return None
+
+
+async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> None:
+    stream_id = await partitions.stream_of(ctx, target.topic, target.index)
+    if stream_id is None:
+        target.fail(
+            ErrorCode.unknown_topic_or_partition,
+            f"topic {target.topic!r} has no partition {target.index}",
+        )
+    elif partitions.owned_elsewhere(ctx, target.topic, target.index):
+        target.fail(
+            ErrorCode.not_leader_or_follower,
+            f"partition {target.topic}-{target.index} is served by another broker of this zone",
+        )
+    elif not _single_batch(records):
+        # Kafka 4 rule for produce v3+; the storage engine itself would take several.
+        target.fail(
+            ErrorCode.invalid_record,
+            "produce requests must carry exactly one record batch per partition",
+        )
+    else:
+        try:
+            target.pending = await ctx.broker.storage.submit_batches(stream_id, records)
+        except _WRITE_ERRORS as exc:
+            target.fail(*_write_error(exc))
+
+
+async def _complete(target: _Partition) -> None:
+    """Wait for the partition's commit; a failure becomes the partition's error."""
+    if target.pending is None:
+        return
+    try:
+        target.base_offset = await target.pending
+    except _WRITE_ERRORS as exc:
+        target.fail(*_write_error(exc))
+
+
+def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> Any:
+    module = ctx.response_module()
+    by_topic: dict[str, list[Any]] = {}
+    for t in targets:
+        by_topic.setdefault(t.topic, []).append(
+            make(
+                module.PartitionProduceResponse,
+                index=t.index,
+                error_code=t.error,
+                base_offset=t.base_offset,
+                log_append_time=None,  # -1: the timestamps are the producer's (CreateTime)
+                log_start_offset=_UNKNOWN_LOG_START,
+                record_errors=(),
+                error_message=t.message,
+            )
+        )
+    return make(
+        module.ProduceResponse,
+        responses=tuple(
+            make(module.TopicProduceResponse, name=name, partition_responses=tuple(answers))
+            for name, answers in by_topic.items()
+        ),
+        throttle_time=_NO_THROTTLE,
+    )
+
+
+def _write_error(exc: Exception) -> tuple[ErrorCode, str]:
+    """The partition error for a batch the writer refused or could not commit."""
+    if isinstance(exc, BatchError):
+        return exc.error_code, str(exc)
+    if isinstance(exc, ProducerError | ClaimPending):
+        return exc.code, str(exc)
+    if isinstance(exc, IcefloeError) and exc.retriable:
+        # Every client retries REQUEST_TIMED_OUT, and it claims no more than we know: a
+        # commit that failed half-way may or may not be visible (an idempotent retry is safe).
+        return ErrorCode.request_timed_out, f"the write did not complete: {exc}; retry"
+    log.error("produce failed", exc_info=exc)
+    return ErrorCode.unknown_server_error, f"the write failed: {exc}"
+
+
+def _single_batch(records: bytes) -> bool:
+    """False when the data holds more than one batch; anything else is left to validation.
+
+    Reads only the first batch's length: data that is shorter or truncated is one (bad)
+    batch, which validation then reports with the exact error.
+    """
+    if len(records) < batch.LOG_OVERHEAD:
+        return True
+    length: int = _LENGTH.unpack_from(records, batch.LENGTH_AT)[0]
+    return length + batch.LOG_OVERHEAD >= len(records)
+
+
+def _is_transactional(records: bytes | None) -> bool:
+    if records is None or len(records) <= batch.ATTRIBUTES_AT + 1:
+        return False
+    # Attributes are a big-endian int16: the transactional bit is in its low byte.
+    return bool(records[batch.ATTRIBUTES_AT + 1] & _TRANSACTIONAL_BIT)

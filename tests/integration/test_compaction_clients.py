@@ -1,0 +1,101 @@
+"""Invariant 4 with real clients: what a Kafka consumer reads is the same before and after the
+topic is compacted into Parquet, for every compression codec."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer, TopicPartition
+
+from tests.support.broker import RunningIcefloe, start_icefloe
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+PARTITIONS = 3
+PER_CODEC = 400
+
+
+def produce(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result is in
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    for codec in CODECS:
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 20}
+        )
+        for i in range(PER_CODEC):
+            producer.produce(
+                topic,
+                key=f"{codec}-{i % 13}".encode(),
+                value=f"{codec} record {i} ".encode() * (1 + i % 5),
+                headers=[("codec", codec.encode()), ("i", str(i).encode()), ("i", None)],
+                partition=i % PARTITIONS,
+                timestamp=1_700_000_000_000 + i,
+            )
+        producer.flush(30)
+
+
+def consume_all(bootstrap: str, topic: str) -> list[tuple[object, ...]]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    ends = consumer.end_offsets(partitions)
+    seen: list[tuple[object, ...]] = []
+    deadline = time.monotonic() + 60
+    while any(consumer.position(tp) < ends[tp] for tp in partitions):
+        assert time.monotonic() < deadline, "consumer did not reach the end"
+        for tp, records in consumer.poll(timeout_ms=500).items():
+            seen.extend(
+                (tp.partition, r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
+                for r in records
+            )
+    consumer.close()
+    return sorted(seen, key=lambda row: (row[0], row[1]))
+
+
+def tables(running: RunningIcefloe) -> list[dict[str, object]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "icefloe", "tables", "--json"],
+        cwd=running.data_dir.parent,
+        env={**env, "ICEFLOE_DATA_DIR": str(running.data_dir)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def test_consumers_read_the_same_records_before_and_after_compaction(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    fast = {
+        "ICEFLOE_COMPACTOR__MAX_AGE_S": "0",
+        "ICEFLOE_COMPACTOR__MIN_AGE_S": "0",
+        "ICEFLOE_COMPACTOR__INTERVAL_S": "0.3",
+    }
+    running = start_icefloe(data, env={"ICEFLOE_COMPACTOR__ENABLED": "false"})
+    try:
+        produce(running.bootstrap, "events")
+        before = consume_all(running.bootstrap, "events")
+        assert len(before) == len(CODECS) * PER_CODEC
+    finally:
+        assert running.stop() == 0
+
+    running = start_icefloe(data, env=fast)  # the same data, now with compaction on
+    try:
+        deadline = time.monotonic() + 120
+        while not all(row["lag_records"] == 0 for row in tables(running)):
+            assert time.monotonic() < deadline, "compaction did not catch up"
+            time.sleep(0.5)
+        after = consume_all(running.bootstrap, "events")
+    finally:
+        assert running.stop() == 0
+    assert after == before

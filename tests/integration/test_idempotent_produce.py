@@ -1,0 +1,159 @@
+"""Idempotent producers: a retried batch is stored once, on whichever broker receives it.
+
+The client tests show real idempotent producers work end to end; the raw tests force what a
+client only does by accident (a retry of the very same batch, after the first attempt was
+written, through another broker) and check what is stored behind the brokers.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.static.primitive import i16, i64
+
+from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.kafka_clients import CLIENTS, Message, consume, produce
+from tests.support.kafka_wire import KafkaWire, batch_of, produce_request
+from tests.support.topics import create_topic, log_end, stored_records
+
+TOPIC = "idempotent"
+
+
+@pytest.fixture
+def two_brokers(tmp_path: Path) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(tmp_path / "data", brokers=2)
+    create_topic(running, TOPIC, 1)
+    yield running
+    running.stop()
+
+
+def init_producer_id(wire: KafkaWire, transactional_id: str | None = None) -> Any:
+    return wire.request(
+        InitProducerIdRequest(
+            transactional_id=transactional_id,
+            transaction_timeout=datetime.timedelta(seconds=60),
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+        )
+    )
+
+
+def produce_answer(wire: KafkaWire, records: bytes, **kwargs: Any) -> Any:
+    """The one partition answer of a Produce request for the test topic."""
+    response = wire.request(produce_request(TOPIC, 0, records, **kwargs))
+    return response.responses[0].partition_responses[0]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_an_idempotent_client_writes_every_record_once(
+    two_brokers: RunningIcefloe, client: str
+) -> None:
+    messages = [
+        Message(0, -1, f"k{i}".encode(), f"v{i}".encode(), (), 1_700_000_000_000 + i)
+        for i in range(5_000)
+    ]
+    produce(client, two_brokers.bootstrap, TOPIC, messages, idempotent=True)
+    got = consume("confluent", two_brokers.bootstrap, TOPIC, {0: len(messages)})[0]
+    assert [(m.offset, m.key, m.value) for m in got] == [
+        (i, m.key, m.value) for i, m in enumerate(messages)
+    ]
+    assert log_end(two_brokers, TOPIC, 0) == len(messages)
+
+
+def test_a_retried_batch_through_another_broker_is_stored_once(
+    two_brokers: RunningIcefloe,
+) -> None:
+    with (
+        KafkaWire(two_brokers.broker_address(0)) as first,
+        KafkaWire(two_brokers.broker_address(1)) as second,
+    ):
+        producer = init_producer_id(first)
+        pid, epoch = producer.producer_id, producer.producer_epoch
+        batch = batch_of([b"a", b"b", b"c"], producer_id=pid, producer_epoch=epoch, base_sequence=0)
+        original = produce_answer(first, batch)
+        retried = produce_answer(second, batch)
+        following = batch_of([b"d"], producer_id=pid, producer_epoch=epoch, base_sequence=3)
+        next_batch = produce_answer(second, following)
+
+    assert (original.error_code, original.base_offset) == (ErrorCode.none, 0)
+    assert (retried.error_code, retried.base_offset) == (ErrorCode.none, 0)
+    assert (next_batch.error_code, next_batch.base_offset) == (ErrorCode.none, 3)
+    assert [r.value for r in stored_records(two_brokers, TOPIC, 0)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_sequence_gap_is_refused_and_not_stored(two_brokers: RunningIcefloe) -> None:
+    with KafkaWire(two_brokers.bootstrap) as wire:
+        producer = init_producer_id(wire)
+        ids = {"producer_id": producer.producer_id, "producer_epoch": producer.producer_epoch}
+        first = produce_answer(wire, batch_of([b"a"], base_sequence=0, **ids))
+        assert first.error_code == ErrorCode.none
+        gap = produce_answer(wire, batch_of([b"z"], base_sequence=5, **ids))
+
+    assert gap.error_code == ErrorCode.out_of_order_sequence_number
+    assert gap.error_message
+    assert [r.value for r in stored_records(two_brokers, TOPIC, 0)] == [b"a"]
+
+
+def test_pipelined_batches_of_one_connection_keep_their_order(
+    two_brokers: RunningIcefloe,
+) -> None:
+    """What an idempotent client with five requests in flight relies on."""
+    with KafkaWire(two_brokers.bootstrap) as wire:
+        producer = init_producer_id(wire)
+        requests = [
+            produce_request(
+                TOPIC,
+                0,
+                batch_of(
+                    [f"{n}-{i}".encode() for i in range(3)],
+                    producer_id=producer.producer_id,
+                    producer_epoch=producer.producer_epoch,
+                    base_sequence=3 * n,
+                ),
+            )
+            for n in range(5)
+        ]
+        for request in requests:
+            wire.send(request)
+        answers = [wire.receive(r).responses[0].partition_responses[0] for r in requests]
+
+    assert [(a.error_code, a.base_offset) for a in answers] == [
+        (ErrorCode.none, 3 * n) for n in range(5)
+    ]
+    assert [r.value for r in stored_records(two_brokers, TOPIC, 0)] == [
+        f"{n}-{i}".encode() for n in range(5) for i in range(3)
+    ]
+
+
+def test_producer_ids_are_unique_across_brokers(two_brokers: RunningIcefloe) -> None:
+    with (
+        KafkaWire(two_brokers.broker_address(0)) as first,
+        KafkaWire(two_brokers.broker_address(1)) as second,
+    ):
+        answers = [init_producer_id(w) for w in (first, second, first, second)]
+
+    assert all(a.error_code == ErrorCode.none and a.producer_epoch == 0 for a in answers)
+    assert len({a.producer_id for a in answers}) == len(answers)
+
+
+def test_a_transactional_id_is_refused_with_a_fatal_error(two_brokers: RunningIcefloe) -> None:
+    with KafkaWire(two_brokers.bootstrap) as wire:
+        answer = init_producer_id(wire, transactional_id="orders")
+
+    assert answer.error_code == ErrorCode.transactional_id_authorization_failed
+    assert answer.producer_id == -1
+
+
+def test_a_transactional_produce_is_refused_and_not_stored(two_brokers: RunningIcefloe) -> None:
+    with KafkaWire(two_brokers.bootstrap) as wire:
+        answer = produce_answer(wire, batch_of([b"x"]), transactional_id="orders")
+
+    assert answer.error_code == ErrorCode.transactional_id_authorization_failed
+    assert "not supported" in (answer.error_message or "")
+    assert log_end(two_brokers, TOPIC, 0) == 0

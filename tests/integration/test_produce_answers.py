@@ -1,0 +1,91 @@
+"""What a Produce request is answered: acks, unknown partitions, strict ownership."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from kio.schema.errors import ErrorCode
+
+from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.kafka_wire import KafkaWire, batch_of, fetch_request, produce_request
+from tests.support.topics import create_topic, log_end
+
+TOPIC = "answers"
+
+
+@pytest.fixture
+def icefloe_with_topic(tmp_path: Path) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(tmp_path / "data")
+    create_topic(running, TOPIC, 1)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def strict_brokers(tmp_path: Path) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(
+        tmp_path / "data", brokers=2, env={"ICEFLOE_BROKER__STRICT_OWNERSHIP": "true"}
+    )
+    create_topic(running, TOPIC, 1)
+    yield running
+    running.stop()
+
+
+def answer_of(response: Any) -> Any:
+    return response.responses[0].partition_responses[0]
+
+
+def test_acks_0_is_written_and_not_answered(icefloe_with_topic: RunningIcefloe) -> None:
+    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+        wire.send(produce_request(TOPIC, 0, batch_of([b"quiet"]), acks=0))
+        # The next answer on this connection is the fetch's: the produce got none.
+        fetched = wire.request(fetch_request(TOPIC, 0, 0, max_wait_ms=5_000))
+
+    assert fetched.responses[0].partitions[0].high_watermark == 1
+
+
+def test_acks_1_is_durable_like_acks_all(icefloe_with_topic: RunningIcefloe) -> None:
+    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+        answer = answer_of(wire.request(produce_request(TOPIC, 0, batch_of([b"x"]), acks=1)))
+
+    assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 0)
+    assert log_end(icefloe_with_topic, TOPIC, 0) == 1  # committed before the answer
+
+
+def test_acks_other_than_minus_1_0_1_are_refused(icefloe_with_topic: RunningIcefloe) -> None:
+    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+        answer = answer_of(wire.request(produce_request(TOPIC, 0, batch_of([b"x"]), acks=2)))
+
+    assert answer.error_code == ErrorCode.invalid_required_acks
+    assert log_end(icefloe_with_topic, TOPIC, 0) == 0
+
+
+@pytest.mark.parametrize(("topic", "partition"), [("no-such-topic", 0), (TOPIC, 1)])
+def test_an_unknown_partition_is_refused(
+    icefloe_with_topic: RunningIcefloe, topic: str, partition: int
+) -> None:
+    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+        answer = answer_of(wire.request(produce_request(topic, partition, batch_of([b"x"]))))
+
+    assert answer.error_code == ErrorCode.unknown_topic_or_partition
+
+
+def test_strict_ownership_sends_clients_to_the_owner(strict_brokers: RunningIcefloe) -> None:
+    owner = AdminClient({"bootstrap.servers": strict_brokers.bootstrap}).list_topics(
+        TOPIC, timeout=10
+    )
+    leader = owner.topics[TOPIC].partitions[0].leader
+    owner_port = owner.brokers[leader].port
+    other_port = next(b.port for b in owner.brokers.values() if b.id != leader)
+    answers = {}
+    for port in (other_port, owner_port):
+        with KafkaWire(f"{strict_brokers.host}:{port}") as wire:
+            answers[port] = answer_of(wire.request(produce_request(TOPIC, 0, batch_of([b"x"]))))
+
+    assert answers[other_port].error_code == ErrorCode.not_leader_or_follower
+    assert answers[owner_port].error_code == ErrorCode.none
+    assert log_end(strict_brokers, TOPIC, 0) == 1
