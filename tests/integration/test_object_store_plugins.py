@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.support.object_servers import (
     AZURITE_KEY,
     BUCKET,
     MOTO_CREDENTIALS,
+    OPTIONS,
     azurite,
     azurite_connection_string,
     fake_gcs,
@@ -37,36 +37,6 @@ PLUGINS = {
 }
 
 
-def s3_options(prefix: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "bucket": BUCKET,
-        "prefix": prefix,
-        "endpoint_url": moto().url,
-        "region": "us-east-1",
-        "addressing_style": "path",
-        **MOTO_CREDENTIALS,
-        **extra,
-    }
-
-
-def gcs_options(prefix: str, **extra: Any) -> dict[str, Any]:
-    return {"bucket": BUCKET, "prefix": prefix, "endpoint": fake_gcs().url, **extra}
-
-
-def azure_options(prefix: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "container": BUCKET,
-        "prefix": prefix,
-        "connection_string": azurite_connection_string(azurite().url),
-        **extra,
-    }
-
-
-OPTIONS: dict[str, Callable[..., dict[str, Any]]] = {
-    "s3": s3_options,
-    "gcs": gcs_options,
-    "azure": azure_options,
-}
 SMALLEST_PART = {"s3": 5 << 20, "gcs": 256 << 10, "azure": 256 << 10}
 
 

@@ -12,6 +12,7 @@ import atexit
 import functools
 import tempfile
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -151,3 +152,38 @@ def azure_container(url: str) -> Any:
     from azure.storage.blob import ContainerClient
 
     return ContainerClient.from_connection_string(azurite_connection_string(url), BUCKET)
+
+
+# --- plugin options that reach each emulator ------------------------------------------
+
+
+def s3_options(prefix: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bucket": BUCKET,
+        "prefix": prefix,
+        "endpoint_url": moto().url,
+        "region": "us-east-1",
+        "addressing_style": "path",
+        **MOTO_CREDENTIALS,
+        **extra,
+    }
+
+
+def gcs_options(prefix: str, **extra: Any) -> dict[str, Any]:
+    return {"bucket": BUCKET, "prefix": prefix, "endpoint": fake_gcs().url, **extra}
+
+
+def azure_options(prefix: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "container": BUCKET,
+        "prefix": prefix,
+        "connection_string": azurite_connection_string(azurite().url),
+        **extra,
+    }
+
+
+OPTIONS: dict[str, Callable[..., dict[str, Any]]] = {
+    "s3": s3_options,
+    "gcs": gcs_options,
+    "azure": azure_options,
+}
