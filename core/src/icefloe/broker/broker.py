@@ -15,6 +15,7 @@ from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
 from icefloe.errors import IcefloeError
+from icefloe.groups.coordinator import GroupCoordinator
 from icefloe.storage.engine import StreamStorage
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,9 @@ class Broker:
         self.storage = storage
         self.topics = TopicRegistry(storage)
         self.cluster = Cluster(storage.metadata, self.options.session_ttl_s)
+        self.groups = GroupCoordinator(
+            storage.metadata, self.cluster, self.topics, config.groups, self.options.session_ttl_s
+        )
         self.server = KafkaServer(self)
         self._maintenance: asyncio.Task[None] | None = None
         self._compactor: Compactor | None = None
@@ -53,6 +57,7 @@ class Broker:
         )
         advertised = self.options.advertised_host or self.options.host
         info = await self.cluster.join(advertised, bound, self.options.zone, self.options.node_id)
+        await self.groups.start()
         self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
         if self.config.compactor.enabled and self.config.compaction.backend:
             self._compactor = await Compactor.open(self.config, self.storage, self.topics)
@@ -74,6 +79,7 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await self.server.close()
+        await self.groups.stop()  # hands this broker's group leases over at once
         await self.storage.flush()
         await self.cluster.leave()
         await self.topics.close()

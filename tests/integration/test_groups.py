@@ -1,0 +1,205 @@
+"""Consumer groups end to end with real clients: sharing, rebalancing, offsets, failover.
+
+Every client library takes part: confluent-kafka with the classic protocol and with KIP-848
+(``group.protocol=consumer``), kafka-python and aiokafka (classic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from icefloe.broker.cluster import BROKERS, BrokerInfo, rendezvous_owner
+from icefloe.config import load_config
+from icefloe.groups.coordinator import Lease, read_lease
+from icefloe.groups.inspect import describe_group
+from icefloe.storage.engine import StreamStorage
+from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.group_members import (
+    BROKER_ENV,
+    KINDS,
+    Member,
+    partitioned,
+    produce,
+    wait_until,
+)
+from tests.support.topics import create_topic
+
+PARTITIONS = 12
+
+
+@pytest.fixture
+def icefloe(tmp_path: Path) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(tmp_path / "data", env=BROKER_ENV)
+    yield running
+    running.stop()
+
+
+def values(members: list[Member]) -> Counter[bytes]:
+    return Counter(value for m in members for _, _, value in m.consumed)
+
+
+def expected(count: int) -> Counter[bytes]:
+    return Counter(str(i).encode() for i in range(count))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_members_share_partitions_rebalance_and_consume_each_record_once(
+    icefloe: RunningIcefloe, kind: str
+) -> None:
+    create_topic(icefloe, "events", PARTITIONS)
+    produce(icefloe.bootstrap, "events", range(0, 120), PARTITIONS)
+    members = [Member(kind, icefloe.bootstrap, "shared", "events").start() for _ in range(3)]
+    everyone = list(members)
+    try:
+        wait_until(lambda: partitioned(members, PARTITIONS), "3 members own 12 partitions")
+        produce(icefloe.bootstrap, "events", range(120, 240), PARTITIONS)
+
+        fourth = Member(kind, icefloe.bootstrap, "shared", "events").start()
+        members.append(fourth)
+        everyone.append(fourth)
+        wait_until(lambda: partitioned(members, PARTITIONS), "a 4th member gets a share")
+
+        leaving = members.pop(0)
+        leaving.stop()
+        wait_until(lambda: partitioned(members, PARTITIONS), "the rest take over its share")
+        produce(icefloe.bootstrap, "events", range(240, 360), PARTITIONS)
+
+        wait_until(lambda: set(values(everyone)) == set(expected(360)), "all 360 consumed")
+    finally:
+        for member in members:
+            member.stop()
+    assert not [e for m in everyone for e in m.errors]
+    assert values(everyone) == expected(360)  # every record once, none twice
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_committed_offsets_survive_a_restart_of_every_broker(tmp_path: Path, kind: str) -> None:
+    data = tmp_path / "data"
+    first = start_icefloe(data, env=BROKER_ENV)
+    try:
+        create_topic(first, "log", 4)
+        produce(first.bootstrap, "log", range(0, 40), 4)
+        before = Member(kind, first.bootstrap, "resumer", "log").start()
+        wait_until(lambda: len(before.consumed) == 40, "the first 40 are consumed")
+        before.stop()
+    finally:
+        first.stop()
+
+    second = start_icefloe(data, env=BROKER_ENV)
+    try:
+        produce(second.bootstrap, "log", range(40, 80), 4)
+        after = Member(kind, second.bootstrap, "resumer", "log").start()
+        wait_until(lambda: len(after.consumed) >= 40, "the next 40 are consumed")
+        after.stop()
+    finally:
+        second.stop()
+    assert Counter(v for _, _, v in after.consumed) == expected(80) - expected(40)
+
+
+def _store_state(data_dir: Path, group: str) -> tuple[list[BrokerInfo], Lease | None, int]:
+    """(live brokers, the group's lease, its member count), read from the metadata store."""
+
+    async def read() -> tuple[list[BrokerInfo], Lease | None, int]:
+        config = load_config(env={}, overrides={"data_dir": str(data_dir)})
+        async with await StreamStorage.open(config) as storage:
+            records = await storage.metadata.scan(BROKERS, BROKERS[:-1] + "0")
+            lease = await read_lease(storage.metadata, group)
+            view = await describe_group(storage, group)
+            return (
+                [BrokerInfo.decode(r.value) for r in records],
+                lease,
+                len(view.members) if view else 0,
+            )
+
+    return asyncio.run(read())
+
+
+_SILENT_MEMBER = textwrap.dedent(
+    """
+    import sys
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                  "client.id": "silent,zone_id=z2", "session.timeout.ms": 6000,
+                  "heartbeat.interval.ms": 500, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe([sys.argv[3]])
+    while True:
+        c.poll(0.1)
+    """
+)
+
+
+@pytest.mark.slow
+def test_group_survives_sigkill_of_the_broker_running_its_timers(tmp_path: Path) -> None:
+    """Members talk to zone z2's broker; the lease holder is z1's broker, which is killed.
+
+    A fourth member is then killed too, without leaving: only the group's timers can expel it,
+    so the three others owning every partition again proves the timers moved to a live broker.
+    """
+    data = tmp_path / "data"
+    env = {**BROKER_ENV, "ICEFLOE_BROKER__SESSION_TTL_S": "1.5"}
+    z1 = start_icefloe(data, env={**env, "ICEFLOE_BROKER__ZONE": "z1"})
+    z2 = start_icefloe(data, env={**env, "ICEFLOE_BROKER__ZONE": "z2"})
+    members: list[Member] = []
+    silent: subprocess.Popen[bytes] | None = None
+    try:
+        brokers, _, _ = _store_state(data, "-")
+        z1_node = next(b.node_id for b in brokers if b.zone == "z1")
+        # A group whose preferred lease holder is z1's broker, while its members (in zone z2)
+        # are told z2's broker is their coordinator.
+        group = next(
+            g
+            for g in (f"survivors-{i}" for i in range(100))
+            if rendezvous_owner(f"group/{g}", brokers).node_id == z1_node
+        )
+        create_topic(z2, "work", 6)
+        produce(z2.bootstrap, "work", range(0, 60), 6)
+        members = [
+            Member("confluent-classic", z2.bootstrap, group, "work", "app,zone_id=z2").start()
+            for _ in range(3)
+        ]
+        silent = subprocess.Popen(
+            [sys.executable, "-c", _SILENT_MEMBER, z2.bootstrap, group, "work"]
+        )
+        wait_until(lambda: _store_state(data, group)[2] == 4, "4 members joined")
+        wait_until(
+            lambda: (
+                sum(len(m.assignment) for m in members) in (4, 5)
+                and all(m.assignment for m in members)
+            ),
+            "the group is stable with 4 members",
+        )
+        _, lease, _ = _store_state(data, group)
+        assert lease is not None
+        assert lease.node_id == z1_node
+
+        os.kill(lease.pid, signal.SIGKILL)
+        silent.kill()
+        wait_until(lambda: partitioned(members, 6), "the silent member is expelled", timeout=30)
+        _, new_lease, _ = _store_state(data, group)
+        assert new_lease is not None
+        assert new_lease.pid != lease.pid
+
+        produce(z2.bootstrap, "work", range(60, 120), 6)
+        wait_until(lambda: set(values(members)) >= set(expected(120)), "everything consumed")
+    finally:
+        if silent is not None:
+            silent.kill()
+            silent.wait()
+        for member in members:
+            member.stop()
+        z2.stop()
+        z1.stop()
+    assert not [e for m in members for e in m.errors]
