@@ -49,12 +49,20 @@ class _SparseFile(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         end = self._size if size < 0 else min(self._size, self._position + size)
-        for start, data in self._ranges:
-            if start <= self._position and end <= start + len(data):
-                chunk = data[self._position - start : end - start]
-                self._position = end
-                return chunk
-        raise OSError(f"bytes [{self._position}, {end}) were not fetched")
+        pieces = []
+        position = self._position
+        # A read may span ranges fetched separately (a column chunk, then the footer).
+        while position < end:
+            for start, data in self._ranges:
+                if start <= position < start + len(data):
+                    piece = data[position - start : min(end, start + len(data)) - start]
+                    pieces.append(piece)
+                    position += len(piece)
+                    break
+            else:
+                raise OSError(f"bytes [{position}, {end}) were not fetched")
+        self._position = end
+        return b"".join(pieces)
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         data = self.read(len(buffer))
