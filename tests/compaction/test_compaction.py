@@ -23,8 +23,13 @@ from tests.support.storage import storage_config
 
 def records(n: int, tag: str, start_ts: int = 1_700_000_000_000) -> list[Record]:
     return [
-        Record(i, start_ts + i, f"{tag}-{i}".encode(), f"value-{tag}-{i}".encode() * 5,
-               (("h", str(i).encode()), ("h", None)) if i % 2 else ())
+        Record(
+            i,
+            start_ts + i,
+            f"{tag}-{i}".encode(),
+            f"value-{tag}-{i}".encode() * 5,
+            (("h", str(i).encode()), ("h", None)) if i % 2 else (),
+        )
         for i in range(n)
     ]
 
@@ -152,3 +157,16 @@ async def test_a_task_reads_each_wal_object_once(
     assert len(files) == 4
     table = pq.read_table(Path(tmp_path, "objects", files[0].path))
     assert table.column("offset").to_pylist() == list(range(30))
+
+
+async def test_compacted_entries_keep_the_time_their_records_were_written(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, records(5, "a"))
+    written = [e.created_ms for e in await storage.index.scan(stream)]
+    await asyncio.sleep(0.05)
+    await compactor.until_idle()
+    (entry,) = await storage.index.scan(stream)
+    assert entry.created_ms == max(written)  # so retention counts from the write, not compaction

@@ -36,15 +36,29 @@ async def test_entries_older_than_retention_ms_go(
     now = int(time.time() * 1000)
     topic = await topics.create("t", 1, {"retention.ms": "60000"})
     stream = topic.streams[0]
-    await storage.append(stream, records(5, now - 120_000))  # two minutes old
+    await storage.append(stream, records(5, now - 120_000))
     await storage.append(stream, records(5, now - 90_000))
+    await storage.append(stream, records(5, now + 120_000))  # stamped in the future
     await storage.append(stream, records(5, now))
-    assert await retention.enforce(storage, topic, now) == 2
+    a_minute_later = now + 61_000
+    assert await retention.enforce(storage, topic, a_minute_later) == 2
     assert await storage.log_start(stream) == 10
-    assert await storage.log_end(stream) == 15
+    assert await storage.log_end(stream) == 20
     with pytest.raises(OffsetOutOfRange):
         await storage.read(stream, 3)
-    assert [r.offset for r in await storage.read_records(stream, 10)] == list(range(10, 15))
+    assert [r.offset for r in await storage.read_records(stream, 10)] == list(range(10, 20))
+
+
+async def test_records_with_old_timestamps_stay_for_retention_ms_after_they_were_written(
+    setup: tuple[StreamStorage, TopicRegistry],
+) -> None:
+    storage, topics = setup
+    now = int(time.time() * 1000)
+    topic = await topics.create("t", 1, {"retention.ms": "60000"})
+    await storage.append(topic.streams[0], records(5, now - 365 * 24 * 3600 * 1000))
+    await storage.append(topic.streams[0], records(5, now))
+    assert await retention.enforce(storage, topic, now) == 0
+    assert await retention.enforce(storage, topic, now + 61_000) == 1
 
 
 async def test_the_last_entry_stays_so_the_log_end_never_goes_back(
@@ -56,7 +70,7 @@ async def test_the_last_entry_stays_so_the_log_end_never_goes_back(
     stream = topic.streams[0]
     await storage.append(stream, records(5, now - 60_000))
     await storage.append(stream, records(5, now - 60_000))
-    assert await retention.enforce(storage, topic, now) == 1
+    assert await retention.enforce(storage, topic, now + 60_000) == 1
     assert await storage.append(stream, records(1, now)) == 10
 
 
@@ -81,10 +95,12 @@ async def test_kafkas_seven_day_default_applies(
     storage, topics = setup
     now = int(time.time() * 1000)
     topic = await topics.create("t", 1)
-    await storage.append(topic.streams[0], records(5, now - 8 * 24 * 3600 * 1000))
-    await storage.append(topic.streams[0], records(5, now - 6 * 24 * 3600 * 1000))
+    week = 7 * 24 * 3600 * 1000
     await storage.append(topic.streams[0], records(5, now))
-    assert await retention.enforce(storage, topic, now) == 1
+    await storage.append(topic.streams[0], records(5, now + week))  # stamped a week ahead
+    await storage.append(topic.streams[0], records(5, now))
+    assert await retention.enforce(storage, topic, now + week - 1000) == 0
+    assert await retention.enforce(storage, topic, now + week + 1000) == 1
 
 
 async def test_a_compact_only_topic_keeps_everything(

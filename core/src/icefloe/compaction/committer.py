@@ -204,15 +204,16 @@ class Committer:
             return
         entry = index.decode(current.key, current.value)
         if not _is_ours(entry, file):
-            producers = await self._producer_batches(replaced, file.start_offset)
+            replaced_entries = await self._entries(replaced)
             value = index.encode_value(
                 record_count=file.end_offset - file.start_offset,
                 location=ParquetLocation(file.path, file.size, file.row_groups),
                 min_timestamp=file.min_timestamp,
                 max_timestamp=file.max_timestamp,
-                created_ms=int(time.time() * 1000),
+                # When the records were written, not compacted: retention counts from it.
+                created_ms=max(e.created_ms for e in replaced_entries),
                 batches=(),
-                producers=producers,
+                producers=_producer_batches(replaced_entries, file.start_offset),
             )
             try:
                 await self._metadata.put(last_key, value, expected_version=current.version)
@@ -222,25 +223,14 @@ class Committer:
         for key in reversed(replaced[:-1]):  # last to first: no look-up ever sees a gap
             await self._metadata.delete(key)
 
-    async def _producer_batches(self, keys_: list[str], start: int) -> tuple[ProducerBatch, ...]:
-        """The last few idempotent batches per producer of the replaced WAL entries."""
-        kept: dict[int, list[ProducerBatch]] = {}
+    async def _entries(self, keys_: list[str]) -> list[IndexEntry]:
+        """The index entries still stored under ``keys_``."""
+        entries = []
         for key in keys_:
             record = await self._metadata.get(key)
-            if record is None:
-                continue
-            entry = index.decode(record.key, record.value)
-            for p in entry.producers:
-                moved = ProducerBatch(
-                    p.producer_id,
-                    p.producer_epoch,
-                    p.first_sequence,
-                    p.last_sequence,
-                    entry.start + p.offset_delta - start,
-                    p.record_count,
-                )
-                kept.setdefault(p.producer_id, []).append(moved)
-        return tuple(b for batches in kept.values() for b in batches[-KEPT_PRODUCER_BATCHES:])
+            if record is not None:
+                entries.append(index.decode(record.key, record.value))
+        return entries
 
     async def _save(self, record: TaskRecord) -> None:
         written = await self._metadata.put(
@@ -257,6 +247,23 @@ class Committer:
             schema=ROW_SCHEMA,
             metadata_location=self._store.url(layout.iceberg_metadata_root(self._namespace, topic)),
         )
+
+
+def _producer_batches(entries: list[IndexEntry], start: int) -> tuple[ProducerBatch, ...]:
+    """The last few idempotent batches per producer of the replaced WAL entries."""
+    kept: dict[int, list[ProducerBatch]] = {}
+    for entry in entries:
+        for p in entry.producers:
+            moved = ProducerBatch(
+                p.producer_id,
+                p.producer_epoch,
+                p.first_sequence,
+                p.last_sequence,
+                entry.start + p.offset_delta - start,
+                p.record_count,
+            )
+            kept.setdefault(p.producer_id, []).append(moved)
+    return tuple(b for batches in kept.values() for b in batches[-KEPT_PRODUCER_BATCHES:])
 
 
 def table_name(topic: str) -> str:

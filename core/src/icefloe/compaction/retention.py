@@ -1,12 +1,16 @@
 """``retention.ms`` and ``retention.bytes``: old index entries leave the stream.
 
 Entries go from the front of the log, whole, as Kafka deletes whole segments: by age once an
-entry's newest record is older than ``retention.ms``, by size while the rest of the log still
-holds ``retention.bytes``. The last entry always stays: it carries the log end offset, which must
-never go back. Kafka's defaults apply (7 days, no size limit, ``cleanup.policy=delete``); a
-compact-only topic keeps everything until log compaction exists. A WAL object no entry
-references any more is collected as an orphan; rows that reached the tables stay there (a table
-keeps its history unless the operator drops it).
+entry was written and its newest record stamped more than ``retention.ms`` ago, by size while
+the rest of the log still holds ``retention.bytes``. Both times count because an entry is a
+much smaller unit than a Kafka segment: records produced today with last year's timestamps
+stay for ``retention.ms`` after they were written, as they would in Kafka's active segment.
+
+The last entry always stays: it carries the log end offset, which must never go back. Kafka's
+defaults apply (7 days, no size limit, ``cleanup.policy=delete``); a compact-only topic keeps
+everything until log compaction exists. A WAL object no entry references any more is collected
+as an orphan; rows that reached the tables stay there (a table keeps its history unless the
+operator drops it).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ def expired_entries(
     remaining = sum(e.size for e in entries)
     expired = []
     for entry in entries[:-1]:
-        too_old = retention_ms >= 0 and entry.max_timestamp < now_ms - retention_ms
+        newest = max(entry.max_timestamp, entry.created_ms)
+        too_old = retention_ms >= 0 and newest < now_ms - retention_ms
         too_big = retention_bytes >= 0 and remaining - entry.size >= retention_bytes
         if not (too_old or too_big):
             break

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Final
 
@@ -167,6 +168,25 @@ def commit(
     return CommitResult(applied=True, version=version_of(table))
 
 
+class _MissingStatistics(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "statistics missing" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_about_missing_statistics() -> Iterator[None]:
+    """Icefloe writes Parquet statistics only for the columns readers filter on (partition,
+    offset, timestamp); pyiceberg warns once per other column of every file, which would flood
+    the broker's log."""
+    logger = logging.getLogger("pyiceberg.io.pyarrow")
+    quiet = _MissingStatistics()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 def _describe(
     io: FileIO, metadata: TableMetadata, url: str, data_file: DataFile
 ) -> IcebergDataFile:
@@ -175,7 +195,8 @@ def _describe(
     ``parquet_file_to_data_file`` is what ``Transaction.add_files`` uses: it reads the footer
     for column statistics and derives the partition from the partition column's min/max.
     """
-    described = parquet_file_to_data_file(io, metadata, url)
+    with _quiet_about_missing_statistics():
+        described = parquet_file_to_data_file(io, metadata, url)
     found = (described.record_count, described.partition[0])
     expected = (data_file.record_count, data_file.partition)
     if found != expected:
