@@ -24,5 +24,7 @@ CONTRACTS: Final[dict[PortKind, str]] = {
     PortKind.METADATA: "icefloe.testing.metadata_contract:MetadataStoreContract",
     PortKind.OBJECT_STORE: "icefloe.testing.object_store_contract:ObjectStoreContract",
     PortKind.WAL: "icefloe.testing.wal_contract:WALContract",
+    PortKind.COMPACTION: "icefloe.testing.compaction_contract:CompactionEngineContract",
+    PortKind.TABLE: "icefloe.testing.catalog_contract:CatalogContract",
 }
 """The contract suite of each port, as ``"module:Class"`` (imported only when run)."""

@@ -50,8 +50,15 @@ async def open_backend(
     workdir: Path,
     options: dict[str, Any],
     object_store: Any = None,
+    *,
+    wal: Any = None,
+    config: Any = None,
 ) -> Port:
-    """Open backend ``kind``/``name`` through the registry; usable from a child process."""
+    """Open backend ``kind``/``name`` through the registry; usable from a child process.
+
+    ``object_store``, ``wal`` and ``config`` fill the :class:`OpenContext` of backends that
+    need them (a WAL layered on an object store, a compaction engine).
+    """
     cls = BackendRegistry().get(kind, name).load()
-    context = OpenContext(data_dir=workdir, object_store=object_store)
+    context = OpenContext(data_dir=workdir, object_store=object_store, wal=wal, config=config)
     return await cls.open(cls.options_model.model_validate(options), context)

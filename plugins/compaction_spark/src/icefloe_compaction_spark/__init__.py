@@ -1,0 +1,1 @@
+"""Icefloe compaction engine on Apache Spark (backend ``spark``)."""
