@@ -68,6 +68,7 @@ class LocalObjectStoreOptions(BackendOptions):
 class LocalObjectStore(ObjectStore):
     """Objects as files under a root folder; see the module docstring."""
 
+    capabilities = frozenset({ObjectStore.SHARED})
     options_model = LocalObjectStoreOptions
 
     def __init__(self, root: Path, io_threads: int = 8) -> None:

@@ -23,6 +23,11 @@ Reads
 Deletes
     ``delete`` is idempotent: deleting a missing key is not an error.
 
+Capabilities
+    ``SHARED``: the objects live outside this process: another process opening the store with
+    the same options sees them, and a stored object holds no memory here. Every real backend
+    declares it; an in-memory store for tests does not.
+
 Counters
     ``stats`` counts the requests the adapter really sent, by :class:`RequestKind`, and the
     payload bytes moved (uploaded for PUT, downloaded for GET), for the cost report. A
@@ -109,6 +114,7 @@ class ObjectStore(Port):
     """Immutable objects by key; see the module docstring for the contract."""
 
     kind: ClassVar[PortKind] = PortKind.OBJECT_STORE
+    SHARED: ClassVar[str] = "shared"
 
     def __init__(self) -> None:
         self.stats = RequestStats()

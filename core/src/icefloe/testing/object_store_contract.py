@@ -129,6 +129,14 @@ class ObjectStoreContract(Contract):
         finally:
             await store.close()
 
+    @pytest.fixture
+    def shared(self, store: ObjectStore) -> ObjectStore:
+        """``store``, when its objects live outside this process (``SHARED``); the tests that
+        use other processes or measure this process's memory are skipped otherwise."""
+        if not store.supports(ObjectStore.SHARED):
+            pytest.skip("adapter does not declare shared: its objects live in this process")
+        return store
+
     async def assert_stored(self, store: ObjectStore, key: str, expected: bytes | None) -> None:
         """Check the real state behind the adapter, when the back door is provided."""
         try:
@@ -443,8 +451,9 @@ class ObjectStoreContract(Contract):
 
     @pytest.mark.asyncio
     async def test_large_object_streams_in_and_out_in_bounded_memory(
-        self, store: ObjectStore
+        self, shared: ObjectStore
     ) -> None:
+        store = shared
         size, part_size = self.large_object_size, 1 << 20
         sent, received = hashlib.sha256(), hashlib.sha256()
 
@@ -472,8 +481,9 @@ class ObjectStoreContract(Contract):
 
     @pytest.mark.asyncio
     async def test_put_if_absent_raced_by_several_processes_has_exactly_one_winner(
-        self, store: ObjectStore, tmp_path: Path, options: dict[str, Any]
+        self, shared: ObjectStore, tmp_path: Path, options: dict[str, Any]
     ) -> None:
+        store = shared
         processes, tasks = 4, 4
         outcomes = await asyncio.to_thread(
             race_in_processes, self.backend_name, tmp_path, options, processes, tasks
@@ -487,8 +497,9 @@ class ObjectStoreContract(Contract):
 
     @pytest.mark.asyncio
     async def test_writer_killed_mid_stream_leaves_no_object(
-        self, store: ObjectStore, tmp_path: Path, options: dict[str, Any]
+        self, shared: ObjectStore, tmp_path: Path, options: dict[str, Any]
     ) -> None:
+        store = shared
         await asyncio.to_thread(kill_writer_mid_stream, self.backend_name, tmp_path, options)
         assert await store.head(CRASH_KEY) is None
         assert await keys_of(store) == []
@@ -498,8 +509,9 @@ class ObjectStoreContract(Contract):
 
     @pytest.mark.asyncio
     async def test_writer_killed_mid_overwrite_keeps_the_previous_object(
-        self, store: ObjectStore, tmp_path: Path, options: dict[str, Any]
+        self, shared: ObjectStore, tmp_path: Path, options: dict[str, Any]
     ) -> None:
+        store = shared
         await store.put(CRASH_KEY, b"previous")
         await asyncio.to_thread(kill_writer_mid_stream, self.backend_name, tmp_path, options)
         assert await keys_of(store) == [CRASH_KEY]

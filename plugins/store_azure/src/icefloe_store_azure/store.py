@@ -53,6 +53,7 @@ azure-storage-blob 12.31: a 75 MB peak for one 8 MiB range), so streams read sma
 class AzureObjectStore(ObjectStore):
     """Block blobs in an Azure container under a prefix; see the module docstring."""
 
+    capabilities = frozenset({ObjectStore.SHARED})
     options_model = AzureObjectStoreOptions
 
     def __init__(

@@ -53,6 +53,7 @@ _LIST_PAGE: Final = 1000
 class GCSObjectStore(ObjectStore):
     """Objects in a GCS bucket under a prefix; see the module docstring."""
 
+    capabilities = frozenset({ObjectStore.SHARED})
     options_model = GCSObjectStoreOptions
 
     def __init__(

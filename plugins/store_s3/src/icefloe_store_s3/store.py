@@ -62,6 +62,7 @@ class _ConditionNotMet(Exception):
 class S3ObjectStore(ObjectStore):
     """Objects in an S3 bucket under a prefix; see the module docstring."""
 
+    capabilities = frozenset({ObjectStore.SHARED})
     options_model = S3ObjectStoreOptions
 
     def __init__(self, client: Any, options: S3ObjectStoreOptions) -> None:
