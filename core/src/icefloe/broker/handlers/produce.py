@@ -40,8 +40,8 @@ _UNKNOWN_LOG_START: Final = -1
 """The field's "unknown". Reading the real value costs a metadata-store query per partition
 per request, which in the latency profile multiplied the acknowledgement latency many times
 over (see tests/bench/produce_bench.py). Producers use it only to tell a producer state lost
-to retention from a real sequence error, and Icefloe has no retention yet: when it does, the
-storage engine should keep the log start in memory (it changes by notification) for this."""
+to retention from a real sequence error; the storage engine should keep the log start in
+memory (it changes by notification) so that this can report it for free."""
 
 TRANSACTIONS_UNSUPPORTED: Final = (
     "transactions are not supported yet: produce without a transactional.id "
