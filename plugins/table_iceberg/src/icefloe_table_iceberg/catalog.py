@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from icefloe.errors import ClosedError, ConfigError
 from icefloe.ports.base import OpenContext
@@ -136,4 +137,24 @@ def _connect(options: IcebergCatalogOptions, data_dir: Path, store: ObjectStore)
         "uri": options.uri or f"sqlite:///{data_dir / DEFAULT_SQLITE_FILE}",
         "warehouse": options.warehouse or store.url(WAREHOUSE_KEY),
     }
-    return IcebergTables(SqlCatalog(options.name, **merged(io, sql, options.properties)))
+    properties = merged(io, sql, options.properties)
+    return IcebergTables(_sql_catalog(SqlCatalog, options.name, properties))
+
+
+def _sql_catalog(factory: Any, name: str, properties: dict[str, str]) -> Any:
+    """A ``SqlCatalog``, tolerating another process creating its tables at the same moment.
+
+    pyiceberg creates the catalog tables when they are missing; brokers starting together on
+    one SQLite file race on that, and the loser's CREATE TABLE fails. Opening again finds them.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    attempt = 1
+    while True:
+        try:
+            return factory(name, **properties)
+        except OperationalError as exc:
+            if "already exists" not in str(exc) or attempt == 3:
+                raise
+        attempt += 1
+        time.sleep(0.1)
