@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
+import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
+from tests.support.compaction_processes import start_engine_worker_then_wait
 from tests.support.storage import storage_config
 
 
@@ -170,3 +175,22 @@ async def test_compacted_entries_keep_the_time_their_records_were_written(
     await compactor.until_idle()
     (entry,) = await storage.index.scan(stream)
     assert entry.created_ms == max(written)  # so retention counts from the write, not compaction
+
+
+def test_engine_workers_exit_when_their_broker_is_killed() -> None:
+    spawn = multiprocessing.get_context("spawn")
+    report = spawn.Queue()
+    broker = spawn.Process(target=start_engine_worker_then_wait, args=(report,))
+    broker.start()
+    worker = report.get(timeout=60)
+    os.kill(broker.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    broker.join(10)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(worker, signal.SIGKILL)
+    raise AssertionError("the engine's worker outlived its killed broker")

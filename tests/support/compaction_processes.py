@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.committer import TaskRecord
+from icefloe.compaction.local_engine import LocalCompactionEngine
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
 from icefloe.storage.engine import StreamStorage
@@ -67,4 +69,11 @@ def compact_and_crash(config: Config, crash_at: str) -> None:
     asyncio.run(main())
 
 
-__all__ = ["CRASH_POINTS", "Path", "compact_and_crash"]
+def start_engine_worker_then_wait(report: Any) -> None:
+    """Start the local engine's worker process, report its pid, then wait to be killed."""
+    engine = LocalCompactionEngine(config=None, workers=1)
+    report.put(engine._pool.submit(os.getpid).result(60))
+    time.sleep(600)
+
+
+__all__ = ["CRASH_POINTS", "Path", "compact_and_crash", "start_engine_worker_then_wait"]

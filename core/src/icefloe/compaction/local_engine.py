@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Self
 
@@ -29,7 +32,12 @@ class LocalCompactionEngine(CompactionEngine):
 
     def __init__(self, config: Any, workers: int) -> None:
         self._config = config
-        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent,
+            initargs=(os.getpid(),),
+        )
 
     @classmethod
     async def open(cls, options: LocalCompactionOptions, context: OpenContext) -> Self:
@@ -46,3 +54,14 @@ class LocalCompactionEngine(CompactionEngine):
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True, cancel_futures=True)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Make a worker exit when the broker that started it is gone (even after kill -9)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
