@@ -49,6 +49,9 @@ class RunningIcefloe:
         return self.process.returncode
 
 
+PORT_ATTEMPTS = 3
+
+
 def start_icefloe(
     data_dir: Path,
     *,
@@ -56,7 +59,24 @@ def start_icefloe(
     env: dict[str, str] | None = None,
     timeout: float = 60,
 ) -> RunningIcefloe:
-    """Start `icefloe serve` on free ports and wait until it prints its bootstrap address."""
+    """Start `icefloe serve` on free ports and wait until it prints its bootstrap address.
+
+    A port that looked free may be taken by another test's server before the broker binds it;
+    then the run is started again on other ports.
+    """
+    attempt = 1
+    while True:
+        try:
+            return _start_once(data_dir, brokers, env, timeout)
+        except RuntimeError as exc:
+            if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                raise
+        attempt += 1
+
+
+def _start_once(
+    data_dir: Path, brokers: int, env: dict[str, str] | None, timeout: float
+) -> RunningIcefloe:
     port = _free_port_run(brokers)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
     # Tests want quick acknowledgements more than few WAL objects.
