@@ -152,8 +152,37 @@ def parts_of(backend: Backend, count: int) -> list[bytes]:
     return [rng.randbytes(backend.part_size) for _ in range(count)] + [b"tail"]
 
 
+GCS_BUCKET_READ_GAP = (
+    "after retried faults, the GCS SDK now and then reads the bucket's metadata through a path "
+    "the adapter's counting transport does not see (about one run in ten); not found yet"
+)
+
+
 def assert_counters_match(store: ObjectStore, proxy: FaultProxy) -> None:
-    assert store.stats.snapshot()["requests"] == proxy.tally(), proxy.seen
+    counted, seen = store.stats.snapshot()["requests"], proxy.tally()
+    if counted != seen and _one_uncounted_gcs_bucket_read(store, counted, seen, proxy):
+        pytest.xfail(GCS_BUCKET_READ_GAP)
+    assert counted == seen, proxy.seen
+
+
+def _one_uncounted_gcs_bucket_read(
+    store: ObjectStore, counted: dict[str, int], seen: dict[str, int], proxy: FaultProxy
+) -> bool:
+    """Exactly the known gap: one bucket-metadata GET more at the proxy, nothing else differs."""
+    differs = {kind for kind in seen if seen[kind] != counted.get(kind)}
+    bucket_reads = [
+        s
+        for s in proxy.seen
+        if s.method == "GET"
+        and s.target.startswith("/storage/v1/b/")
+        and "/o" not in s.target.split("?")[0].removeprefix("/storage/v1/b/")
+    ]
+    return (
+        type(store).__name__ == "GCSObjectStore"
+        and differs == {"HEAD"}
+        and seen["HEAD"] == counted["HEAD"] + 1
+        and bool(bucket_reads)
+    )
 
 
 # --- retried faults -------------------------------------------------------------------------
@@ -208,17 +237,8 @@ async def test_connection_reset_mid_upload_is_retried(
 
 @pytest.mark.asyncio
 async def test_put_whose_faults_never_end_raises_and_leaves_no_object(
-    backend: Backend, proxy: FaultProxy, tmp_path: Path, request: pytest.FixtureRequest
+    backend: Backend, proxy: FaultProxy, tmp_path: Path
 ) -> None:
-    if backend.name == "gcs":
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="rarely (twice in about 20 runs, under load) the proxy sees one more "
-                "bucket GET than the GCS adapter counted after a storm of 503s; the request "
-                "that escapes the counter is not found yet",
-                strict=False,
-            )
-        )
     store = await open_store(backend, proxy, tmp_path, attempts=2)
     try:
         proxy.fail_next(1000, PUT, status=503)
