@@ -8,6 +8,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from icefloe.errors import ConflictError, NotFoundError
+from icefloe.storage import index_reader
 from icefloe.storage.batch import BatchError, Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange
@@ -167,3 +168,15 @@ async def test_recent_wal_objects_are_served_from_memory(
     other_gets = other_store.stats.requests["GET"]
     assert comparable(await other_storage.read_records(stream, 0)) == comparable(records(5))
     assert other_store.stats.requests["GET"] == other_gets + 1
+
+
+async def test_index_entries_are_read_page_by_page_in_order(
+    storage: StreamStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(index_reader, "SCAN_PAGE", 3)
+    stream = await storage.create_stream("s")
+    for i in range(10):
+        await storage.append(stream, records(2, tag=f"p{i}"))
+    ends = [e.end async for e in storage.index.entries(stream)]
+    assert ends == list(range(2, 21, 2))
+    assert [e.end for e in await storage.index.scan(stream, after_end=13)] == [14, 16, 18, 20]

@@ -59,7 +59,7 @@ async def plan_task(
     chosen: list[StreamPlan] = []
     for topic in topics:
         for partition, stream_id in enumerate(topic.streams):
-            wal_entries = [e for e in await index.scan(stream_id) if e.in_wal]
+            wal_entries = [e async for e in index.entries(stream_id) if e.in_wal]
             entries = _due(wal_entries, topic, options, now_ms, force, budget)
             if entries:
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))

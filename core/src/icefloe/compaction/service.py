@@ -98,7 +98,7 @@ class Compactor:
         """(records, bytes) of ``topic`` still only in the WAL."""
         records = size = 0
         for stream in topic.streams:
-            for entry in await self.storage.index.scan(stream):
+            async for entry in self.storage.index.entries(stream):
                 if entry.in_wal:
                     records += entry.record_count
                     size += entry.size

@@ -14,13 +14,15 @@ import bisect
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from icefloe.ports.metadata import EventKind, MetadataStore, Watch, WatchEvent
 from icefloe.storage import index, keys
 from icefloe.storage.index import IndexEntry
 
 log = logging.getLogger(__name__)
+
+SCAN_PAGE = 1000
 
 
 class _StreamCache:
@@ -148,11 +150,24 @@ class IndexReader:
             return await self.log_end(stream_id)
         return entry.start
 
+    async def entries(self, stream_id: int, after_end: int = 0) -> AsyncIterator[IndexEntry]:
+        """Every entry whose end offset is greater than ``after_end``, in order, read from the
+        store a page at a time so a long index never sits in memory whole."""
+        start, last = (
+            keys.index_search_key(stream_id, after_end + 1),
+            keys.index_range(stream_id)[1],
+        )
+        while True:
+            page = await self._metadata.scan(start, last, limit=SCAN_PAGE)
+            for record in page:
+                yield index.decode(record.key, record.value)
+            if len(page) < SCAN_PAGE:
+                return
+            start = page[-1].key + "\x01"  # the least key after it (keys hold no NUL)
+
     async def scan(self, stream_id: int, after_end: int = 0) -> list[IndexEntry]:
-        """Every entry whose end offset is greater than ``after_end``, in order."""
-        _, last = keys.index_range(stream_id)
-        records = await self._metadata.scan(keys.index_search_key(stream_id, after_end + 1), last)
-        return [index.decode(r.key, r.value) for r in records]
+        """:meth:`entries` as a list, for callers that need them all at once."""
+        return [entry async for entry in self.entries(stream_id, after_end)]
 
     def forget(self, entry: IndexEntry) -> None:
         """Drop a cached entry that turned out stale (its WAL object is gone)."""

@@ -187,7 +187,7 @@ class ProducerStates:
     async def _resolve(self, stream_id: int, producer_id: int, state: ProducerRecord) -> None:
         """Give pending batches the offsets their index entries got, or drop void claims."""
         found: dict[tuple[int, int], int] = {}
-        for entry in await self._index.scan(stream_id, after_end=state.after_end):
+        async for entry in self._index.entries(stream_id, after_end=state.after_end):
             for p in entry.producers:
                 if p.producer_id == producer_id and p.producer_epoch == state.epoch:
                     found[(p.first_sequence, p.last_sequence)] = entry.start + p.offset_delta

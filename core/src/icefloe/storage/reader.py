@@ -144,7 +144,7 @@ class StreamReader:
 
     async def offset_for_timestamp(self, stream_id: int, timestamp: int) -> int | None:
         """The earliest offset whose record timestamp is ``>= timestamp``, or ``None``."""
-        for entry in await self._index.scan(stream_id):
+        async for entry in self._index.entries(stream_id):
             if entry.max_timestamp < timestamp:
                 continue
             if isinstance(entry.location, ParquetLocation):

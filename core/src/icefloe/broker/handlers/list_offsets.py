@@ -87,14 +87,14 @@ async def _find_offset(storage: StreamStorage, stream_id: int, timestamp: int) -
 async def _max_timestamp(storage: StreamStorage, stream_id: int) -> tuple[int, int]:
     """The first record holding the stream's largest timestamp.
 
-    Costs two range scans over the stream's whole index (index entries carry their largest
+    Costs two paged scans over the stream's whole index (index entries carry their largest
     timestamp, so the scans read no record data) and the decoding of the one batch that
     holds the record. Fine for an occasional admin query; it is not cached.
     """
-    entries = await storage.index.scan(stream_id)
-    if not entries:
+    timestamps = [entry.max_timestamp async for entry in storage.index.entries(stream_id)]
+    if not timestamps:
         return UNKNOWN, UNKNOWN
-    newest = max(entry.max_timestamp for entry in entries)
+    newest = max(timestamps)
     # No record is later than ``newest``, so the first at-or-after it is the first with it.
     offset = await storage.offset_for_timestamp(stream_id, newest)
     return (UNKNOWN, UNKNOWN) if offset is None else (offset, newest)
