@@ -223,4 +223,7 @@ class ObjectStore(Port):
     def _list(self, prefix: str) -> AsyncIterator[ObjectInfo]: ...
 
     def _url(self, key: str) -> str:
-        raise CapabilityError(f"{type(self).__name__} cannot give engines a URL for its objects")
+        raise CapabilityError(
+            f"{type(self).__name__} cannot give table engines a URL for its objects yet; "
+            "run without table formats on it: [tables] formats = [] (ICEFLOE_TABLES__FORMATS=[])"
+        )
