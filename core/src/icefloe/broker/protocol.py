@@ -25,6 +25,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i32
 
+from icefloe.broker.wire_check import check_request
+
 API_VERSIONS_KEY: Final = 18
 _API_PREFIX = struct.Struct(">hh")
 _SIZE = struct.Struct(">i")
@@ -73,6 +75,8 @@ def decode_request(frame: bytes | memoryview) -> Request:
     api_key, api_version = peek_api(frame)
     header_reader, body_reader, _ = _request_reader(api_key, api_version)
     try:
+        # kio's decoder aborts the process on a length it cannot allocate: check them first.
+        check_request(frame, api_key, api_version)
         header, used = header_reader(frame, 0)
         # Trailing bytes are ignored, as Apache Kafka's broker ignores them: some clients send
         # them (librdkafka's Metadata v12 request for all topics carries three).
