@@ -49,6 +49,25 @@ class RunningIcefloe:
         return self.process.returncode
 
 
+def broker_pids(running: RunningIcefloe) -> list[int]:
+    """Process ids of the broker processes `serve` runs now (its spawned children)."""
+    pid = running.process.pid
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+    brokers = []
+    for child in children:
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        # multiprocessing also spawns a resource tracker; brokers run spawn_main.
+        if b"spawn_main" in command:
+            brokers.append(int(child))
+    return sorted(brokers)
+
+
 PORT_ATTEMPTS = 3
 
 

@@ -171,12 +171,22 @@ class KafkaServer:
 
     async def _respond(self, api: Api, context: RequestContext) -> bytes | None:
         request = context.request
-        body = await self.handler(api)(context, request.body)
-        if body is NO_RESPONSE:
-            return None
-        return protocol.encode_response(
-            request.api_key, request.api_version, request.correlation_id, body
-        )
+        try:
+            body = await self.handler(api)(context, request.body)
+            if body is NO_RESPONSE:
+                return None
+            return protocol.encode_response(
+                request.api_key, request.api_version, request.correlation_id, body
+            )
+        except Exception:
+            # A bug, never the client's fault: handlers answer bad input with Kafka errors.
+            log.exception(
+                "%s v%d failed on a request from %s; closing the connection",
+                api.name,
+                request.api_version,
+                context.connection.peer,
+            )
+            raise
 
     async def _unsupported_api_versions(self, frame: bytes) -> bytes:
         from icefloe.broker.handlers.api_versions import unsupported_version_response
@@ -195,9 +205,8 @@ class KafkaServer:
                 return
             try:
                 frame = await pending.response
-            except Exception:
-                # A handler bug must not hang the client: drop the connection instead.
-                log.exception("request handler failed; closing the connection")
+            except Exception:  # noqa: BLE001 - logged by _respond
+                # A client waiting for the answer must not hang: close the connection.
                 writer.close()
                 return
             if frame is not None:

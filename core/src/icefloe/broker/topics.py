@@ -78,6 +78,15 @@ class Topic:
         )
 
 
+def is_legal_topic_name(name: str) -> bool:
+    """Whether a topic could have this name (a client may ask for any string)."""
+    return (
+        0 < len(name) <= MAX_NAME_LENGTH
+        and name not in (".", "..")
+        and _LEGAL_NAME.fullmatch(name) is not None
+    )
+
+
 def validate_topic_name(name: str) -> None:
     """Kafka's rules for topic names.
 
@@ -130,6 +139,8 @@ class TopicRegistry:
         topic = self._topics.get(name)
         if topic is not None:
             return topic
+        if not is_legal_topic_name(name):
+            return None  # no topic has it, and it may not even make a valid store key
         record = await self._metadata.get(TOPICS + name)
         if record is None:
             return None
@@ -219,7 +230,7 @@ class TopicRegistry:
     async def _update(self, name: str, change: Callable[[Topic], Awaitable[Topic]]) -> Topic:
         """Apply ``change`` by compare-and-set, re-reading the topic after a lost race."""
         while True:
-            record = await self._metadata.get(TOPICS + name)
+            record = await self._metadata.get(TOPICS + name) if is_legal_topic_name(name) else None
             if record is None:
                 raise TopicError("unknown_topic_or_partition", f"topic {name!r} does not exist")
             topic = Topic.decode(name, record.value, record.version)

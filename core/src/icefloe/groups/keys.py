@@ -9,7 +9,8 @@ through another (listing groups must not read every committed offset)::
     group-offsets/<group>/<topic>/<partition>   a committed offset
 
 Group and member ids are arbitrary strings, so they are percent-encoded: a ``/`` inside an id
-must not look like a path separator. Topic names cannot contain ``/`` (Kafka's rules).
+must not look like a path separator. Topic names are encoded too: a legal name stays as it is,
+but a client may commit or fetch offsets of any string, NUL included.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def alive(group_id: str, member_id: str) -> str:
 
 def offsets_prefix(group_id: str, topic: str | None = None) -> str:
     base = f"{OFFSETS}{escape(group_id)}/"
-    return base if topic is None else f"{base}{topic}/"
+    return base if topic is None else f"{base}{escape(topic)}/"
 
 
 def offset(group_id: str, topic: str, partition: int) -> str:
@@ -66,7 +67,7 @@ def offset(group_id: str, topic: str, partition: int) -> str:
 def parse_offset(key: str) -> tuple[str, int]:
     """(topic, partition) of an offset key."""
     *_, topic, partition = key.split("/")
-    return topic, int(partition)
+    return unescape(topic), int(partition)
 
 
 def group_of(key: str, prefix: str) -> str | None:

@@ -13,6 +13,7 @@ from icefloe.broker.server import RequestContext
 from icefloe.broker.topics import Topic, TopicError
 
 _NO_THROTTLE = datetime.timedelta(0)
+_FIRST_VERSION_WITH_TOPIC_IDS = 12
 
 
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
@@ -83,6 +84,15 @@ async def _describe(
     requested: tuple[str | None, Any, Topic | None],
 ) -> Any:
     name, topic_id, topic = requested
+    if name is None and ctx.api_version < _FIRST_VERSION_WITH_TOPIC_IDS:
+        # As Kafka answers it: before v12 a topic is named, and a response cannot say null.
+        return make(
+            module.MetadataResponseTopic,
+            error_code=ErrorCode.invalid_request,
+            name="",
+            topic_id=topic_id,
+            partitions=(),
+        )
     if topic is None:
         return make(
             module.MetadataResponseTopic,
