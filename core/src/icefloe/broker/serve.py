@@ -2,31 +2,49 @@
 
 Each broker is a separate process (Python runs one core per process) listening on its own port,
 ``port``, ``port + 1``, …; clients bootstrap from the first. SIGTERM or Ctrl-C stops them all
-cleanly: each stops accepting, commits what it buffered and deregisters. A broker that dies is
-started again.
+cleanly: each stops accepting, commits what it buffered and deregisters.
+
+Starting fails fast: a broker that cannot start (port taken, data folder not writable, metadata
+store unreachable) reports why, and ``serve`` stops the others and exits non-zero with one line
+naming the cause and the fix, so that a supervisor (systemd, Kubernetes) sees the failure.
+Once running, a broker that dies is started again after a back-off that doubles with each
+crash in a row; a broker that keeps crashing is a fault no restart will mend, so after
+``MAX_CRASHES_IN_A_ROW`` ``serve`` gives up and exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import multiprocessing
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Final
 
 from icefloe.broker.broker import Broker
 from icefloe.config import Config
+from icefloe.errors import ConfigError, PluginError, UnavailableError
 
 log = logging.getLogger(__name__)
 
 _SPAWN = multiprocessing.get_context("spawn")
-READY_TIMEOUT_S = 60.0
-RESTART_DELAY_S = 1.0
+READY_TIMEOUT_S: Final = 60.0
+"""How long a broker may take to start before ``serve`` gives up on it."""
+STOP_TIMEOUT_S: Final = 30.0
+FIRST_RESTART_DELAY_S: Final = 1.0
+MAX_RESTART_DELAY_S: Final = 30.0
+STABLE_AFTER_S: Final = 60.0
+"""A broker up this long has recovered: its next crash starts the back-off afresh."""
+MAX_CRASHES_IN_A_ROW: Final = 5
+_POLL_S: Final = 0.2
 
 
 @dataclass
@@ -35,39 +53,99 @@ class _Child:
     port: int
     process: BaseProcess
     started: float
+    reports: Connection
+    """Where the broker reports ``("ready", address)`` or ``("failed", line)``, once."""
+    crashes: int = 0
+    """Crashes in a row (reset once the broker has stayed up ``STABLE_AFTER_S``)."""
+    restart_at: float | None = None
 
 
-def run_broker(config: Config, port: int, ready: Any) -> None:
-    """Body of a broker process: serve until SIGTERM/SIGINT, then stop cleanly."""
+class StartFailed(Exception):
+    """A broker could not start; the message is the one line ``serve`` prints."""
+
+
+def run_broker(config: Config, port: int, report: Connection) -> None:
+    """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        broker = await Broker.open(config)
+        broker: Broker | None = None
         try:
+            broker = await Broker.open(config)
             info = await broker.start(port)
-            ready.put((info.node_id, info.host, info.port))
+        except Exception as exc:  # noqa: BLE001 - every cause becomes one line for the parent
+            report.send(("failed", startup_failure(exc, config, port)))
+            if broker is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(broker.stop(), STOP_TIMEOUT_S)
+            return 1
+        report.send(("ready", (info.node_id, info.host, info.port)))
+        try:
             await stop.wait()
         finally:
             await broker.stop()
+        return 0
 
-    asyncio.run(main())
+    sys.exit(asyncio.run(main()))
+
+
+def startup_failure(exc: BaseException, config: Config, port: int) -> str:
+    """One line naming why a broker could not start and how to fix it."""
+    host = config.broker.host
+    cause = _root_os_error(exc)
+    if cause is not None and cause.filename is not None:
+        return (
+            f"cannot use {cause.filename}: {cause.strerror}; make the data folder writable, "
+            f"or choose another with --data-dir (now {config.data_dir})"
+        )
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} on {host} is already in use: stop what is listening there, or "
+            "choose another port with --port (or [broker] port)"
+        )
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}: not an address of this machine; set [broker] host"
+    if isinstance(exc, ConfigError | PluginError):
+        return str(exc)
+    if isinstance(exc, UnavailableError):
+        return (
+            f"a backend is unreachable: {exc}; check that the servers named in [metadata] "
+            f"({config.metadata.backend}) and [object_store] ({config.object_store.backend}) "
+            "are running and reachable"
+        )
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _root_os_error(exc: BaseException) -> OSError | None:
+    """The OSError at the root of an exception chain (adapters raise ``from`` it), if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def serve(config: Config, brokers: int) -> int:
     """Run ``brokers`` broker processes until a signal; returns the exit status."""
     base = config.broker.port
-    ready = _SPAWN.Queue()
-    children = [_start(config, i, base + i, ready) for i in range(brokers)]
+    children = [_start(config, i, base + i) for i in range(brokers)]
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
     try:
-        started = [ready.get(timeout=READY_TIMEOUT_S) for _ in children]
-    except Exception:  # noqa: BLE001 - queue.Empty or a dead child: report and stop all
-        print("icefloe: brokers did not start; see the log above", file=sys.stderr)
+        started = _await_start(children, stopping.is_set)
+    except StartFailed as failure:
+        print(f"icefloe: {failure}", file=sys.stderr, flush=True)
         _stop_all(children)
         return 1
+    if stopping.is_set():
+        _stop_all(children)
+        return 0
     host = started[0][1]
     ports = sorted(p for _, _, p in started)
     print(
@@ -76,31 +154,104 @@ def serve(config: Config, brokers: int) -> int:
         f"data in {config.data_dir})",
         flush=True,
     )
-    stopping = False
-
-    def request_stop(signum: int, frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    while not stopping:
-        time.sleep(0.2)
-        for i, child in enumerate(children):
-            if not stopping and not child.process.is_alive():
-                log.warning(
-                    "broker on port %d exited (%s); restarting", child.port, child.process.exitcode
-                )
-                time.sleep(RESTART_DELAY_S)
-                children[i] = _start(config, child.index, child.port, ready)
+    try:
+        while not stopping.wait(_POLL_S):
+            for i, child in enumerate(children):
+                children[i] = _supervise(config, child)
+    except StartFailed as failure:
+        print(f"icefloe: {failure}", file=sys.stderr, flush=True)
+        _stop_all(children)
+        return 1
     _stop_all(children)
     return 0
 
 
-def _start(config: Config, index: int, port: int, ready: Any) -> _Child:
-    process = _SPAWN.Process(target=run_broker, args=(config, port, ready), name=f"broker-{index}")
+def _await_start(children: list[_Child], stopping: Callable[[], bool]) -> list[Any]:
+    """Wait until every broker reports ready; the first failure or death ends the wait.
+
+    Raises:
+        StartFailed: with the line to print.
+    """
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    started: dict[int, Any] = {}
+    while len(started) < len(children) and not stopping():
+        waiting = {c.reports: c for c in children if c.index not in started}
+        for reports in wait(list(waiting), timeout=_POLL_S):
+            child = waiting[reports]  # type: ignore[index]
+            try:
+                kind, detail = child.reports.recv()
+            except EOFError:
+                child.process.join()
+                raise StartFailed(
+                    f"the broker for port {child.port} exited "
+                    f"(status {child.process.exitcode}) before it started; see the log above"
+                ) from None
+            if kind == "failed":
+                raise StartFailed(f"the broker for port {child.port} cannot start: {detail}")
+            started[child.index] = detail
+        if time.monotonic() > deadline:
+            late = [c.port for c in children if c.index not in started]
+            raise StartFailed(
+                f"the brokers for ports {late} did not start within {READY_TIMEOUT_S:.0f} s; "
+                "see the log above"
+            )
+    return [started[i] for i in sorted(started)]
+
+
+def _take_report(child: _Child) -> None:
+    """Log what a restarted broker reported (a restart that fails to start is a crash)."""
+    with contextlib.suppress(EOFError, OSError):
+        if child.reports.poll():
+            kind, detail = child.reports.recv()
+            if kind == "ready":
+                log.warning("broker on port %d is serving again", child.port)
+            else:
+                log.warning("broker on port %d could not start again: %s", child.port, detail)
+
+
+def _supervise(config: Config, child: _Child) -> _Child:
+    """Restart a dead broker after its back-off; give up on one that keeps crashing.
+
+    Raises:
+        StartFailed: the broker crashed ``MAX_CRASHES_IN_A_ROW`` times in a row.
+    """
+    now = time.monotonic()
+    if child.restart_at is not None:
+        if now < child.restart_at:
+            return child
+        restarted = _start(config, child.index, child.port)
+        restarted.crashes = child.crashes
+        return restarted
+    _take_report(child)
+    if child.process.is_alive():
+        if child.crashes and now - child.started >= STABLE_AFTER_S:
+            child.crashes = 0
+        return child
+    child.process.join()
+    child.reports.close()
+    child.crashes += 1
+    if child.crashes >= MAX_CRASHES_IN_A_ROW:
+        raise StartFailed(
+            f"the broker on port {child.port} crashed {child.crashes} times in a row "
+            f"(last status {child.process.exitcode}); giving up, see the log above"
+        )
+    delay = min(MAX_RESTART_DELAY_S, FIRST_RESTART_DELAY_S * 2 ** (child.crashes - 1))
+    log.warning(
+        "broker on port %d exited (status %s); restarting in %.0f s",
+        child.port,
+        child.process.exitcode,
+        delay,
+    )
+    child.restart_at = now + delay
+    return child
+
+
+def _start(config: Config, index: int, port: int) -> _Child:
+    reports, report = _SPAWN.Pipe(duplex=False)
+    process = _SPAWN.Process(target=run_broker, args=(config, port, report), name=f"broker-{index}")
     process.start()
-    return _Child(index, port, process, time.monotonic())
+    report.close()  # the child holds the writing end: its death shows here as end of file
+    return _Child(index, port, process, time.monotonic(), reports)
 
 
 def _stop_all(children: list[_Child]) -> None:
@@ -109,7 +260,7 @@ def _stop_all(children: list[_Child]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 child.process.terminate()
     for child in children:
-        child.process.join(30)
+        child.process.join(STOP_TIMEOUT_S)
         if child.process.is_alive():
             child.process.kill()
             child.process.join()

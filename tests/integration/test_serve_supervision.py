@@ -1,0 +1,128 @@
+"""`icefloe serve` fails fast and loudly: a broker that cannot start ends the run at once with
+one line naming the cause and the fix; a broker that dies is restarted with a back-off, and
+one that keeps dying makes `serve` give up with a non-zero status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.broker import broker_pids, start_icefloe
+from tests.support.servers import free_port
+
+START_LIMIT_S = 45
+"""Generous: the point is that serve ends by itself, not how fast (a busy CI machine)."""
+
+
+def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "icefloe", "serve", *args],
+        cwd=tmp_path,
+        env={**environment, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        out, err = process.communicate(timeout=START_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"serve did not exit by itself; stderr: {err[-2000:]}") from None
+    return process.returncode, out, err
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def test_a_taken_port_ends_serve_with_the_port_and_the_fix(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, out, err = finished(serve(tmp_path, "--port", str(port), "--data-dir", "d"))
+
+    assert status == 1
+    assert "Icefloe is serving" not in out
+    line = last_line(err)
+    assert line.startswith("icefloe: ")
+    assert f"port {port}" in line
+    assert "already in use" in line
+    assert "--port" in line
+    assert "Traceback" not in err
+
+
+def test_an_unusable_data_folder_ends_serve_with_the_folder_and_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+
+    status, _, err = finished(
+        serve(tmp_path, "--port", str(free_port()), "--data-dir", "a-file/data")
+    )
+
+    assert status == 1
+    line = last_line(err)
+    assert "a-file/data" in line
+    assert "--data-dir" in line
+    assert "Traceback" not in err
+
+
+def test_an_unreachable_metadata_store_ends_serve_with_the_section_to_check(
+    tmp_path: Path,
+) -> None:
+    closed = free_port()  # nothing listens there
+    env = {
+        "ICEFLOE_METADATA__BACKEND": "etcd",
+        "ICEFLOE_METADATA__ETCD__ENDPOINTS": f'["http://127.0.0.1:{closed}"]',
+    }
+
+    status, _, err = finished(
+        serve(tmp_path, "--port", str(free_port()), "--data-dir", "d", env=env)
+    )
+
+    assert status == 1
+    line = last_line(err)
+    assert "unreachable" in line
+    assert "[metadata] (etcd)" in line
+    assert "Traceback" not in err
+
+
+def test_a_killed_broker_is_restarted(tmp_path: Path) -> None:
+    running = start_icefloe(tmp_path / "data")
+    try:
+        (first,) = broker_pids(running)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + START_LIMIT_S
+        while not (pids := broker_pids(running)) or pids == [first]:
+            assert time.monotonic() < deadline, "the broker was not restarted"
+            time.sleep(0.2)
+        assert running.process.poll() is None
+    finally:
+        running.stop()
+    assert "restarting in 1 s" in running.log_path.read_text()
+
+
+def test_a_broker_that_keeps_crashing_makes_serve_give_up(tmp_path: Path) -> None:
+    running = start_icefloe(tmp_path / "data")
+    deadline = time.monotonic() + 120  # the back-off between crashes grows: 1 + 2 + 4 + 8 s
+    killed: set[int] = set()
+    while running.process.poll() is None:
+        assert time.monotonic() < deadline, "serve kept restarting a crashing broker"
+        for pid in set(broker_pids(running)) - killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.1)
+
+    assert running.process.returncode == 1
+    log = running.log_path.read_text()
+    assert "crashed 5 times in a row" in log
+    assert len(killed) == 5
