@@ -106,6 +106,16 @@ async def test_read_respects_max_bytes_but_returns_at_least_one_batch(
     assert everything.next_offset == 40
 
 
+async def test_a_read_says_whether_its_limit_held_back_records(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    for _ in range(2):
+        await storage.append(stream, records(10))
+
+    assert (await storage.read(stream, 0, max_bytes=1)).truncated is True
+    assert (await storage.read(stream, 0, max_bytes=1 << 20)).truncated is False
+    assert (await storage.read(stream, 20)).truncated is False  # at the log end
+
+
 async def test_raw_batches_keep_their_bytes_except_the_base_offset(storage: StreamStorage) -> None:
     stream = await storage.create_stream("s")
     await storage.append(stream, records(3))

@@ -61,6 +61,13 @@ async def _stream(topics: TopicRegistry, name: str, partition: int) -> int:
     return topic.streams[partition]
 
 
+def with_storage(
+    icefloe: RunningIcefloe, work: Callable[[TopicRegistry, StreamStorage], Awaitable[T]]
+) -> T:
+    """Run ``work`` on the running cluster's topics and storage (opened beside the brokers)."""
+    return _with_registry(icefloe.data_dir, work)
+
+
 def _with_registry(
     data_dir: Path, work: Callable[[TopicRegistry, StreamStorage], Awaitable[T]]
 ) -> T:

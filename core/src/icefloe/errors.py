@@ -70,5 +70,9 @@ class CorruptDataError(StorageError):
     """Stored or received bytes fail validation (bad magic, checksum, or structure)."""
 
 
+class LostDataError(StorageError):
+    """An object the offset index still references is missing: its records cannot be read."""
+
+
 class ClosedError(StorageError):
     """The adapter was used after ``close()``."""

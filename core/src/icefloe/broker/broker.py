@@ -11,6 +11,7 @@ from typing import Self
 from icefloe.broker.cluster import BrokerInfo, Cluster
 from icefloe.broker.options import BrokerOptions
 from icefloe.broker.server import KafkaServer
+from icefloe.broker.stalls import StallDetector
 from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
@@ -34,6 +35,8 @@ class Broker:
             storage.metadata, self.cluster, self.topics, config.groups, self.options.session_ttl_s
         )
         self.server = KafkaServer(self)
+        self.stalls = StallDetector()
+        self._stall_watch: asyncio.Task[None] | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._compactor: Compactor | None = None
         self._compaction: asyncio.Task[None] | None = None
@@ -51,6 +54,7 @@ class Broker:
 
     async def start(self, port: int | None = None) -> BrokerInfo:
         """Listen for clients and register in the cluster; return this broker's record."""
+        self._stall_watch = asyncio.create_task(self.stalls.run(), name="stall-detector")
         await self.topics.start()
         bound = await self.server.start(
             self.options.host, self.options.port if port is None else port
@@ -74,10 +78,11 @@ class Broker:
             await self._compaction
         if self._compactor is not None:
             await self._compactor.close()
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
+        for task in (self._maintenance, self._stall_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.server.close()
         await self.groups.stop()  # hands this broker's group leases over at once
         await self.storage.flush()

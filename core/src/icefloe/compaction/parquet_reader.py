@@ -8,6 +8,7 @@ I/O. Footers are cached, so a consumer catching up through a file costs one GET 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
 from collections import OrderedDict
@@ -86,7 +87,8 @@ class ParquetRangeReader:
         for start, end in _column_chunk_ranges(metadata, row_groups):
             if start < tail_start:
                 sparse.add(start, await self._store.get(key, start, min(end, tail_start)))
-        return pq.ParquetFile(sparse).read_row_groups(row_groups)
+        # Decompressing and decoding row groups is CPU work: keep it off the event loop.
+        return await asyncio.to_thread(pq.ParquetFile(sparse).read_row_groups, row_groups)
 
     async def _footer(self, key: str, size: int) -> tuple[int, bytes, pq.FileMetaData]:
         cached = self._footers.get(key)

@@ -53,6 +53,9 @@ class WalLocation:
     position: int
     length: int
 
+    def describe(self) -> str:
+        return f"WAL object {self.ref!r}"
+
 
 @dataclass(frozen=True, slots=True)
 class ParquetLocation:
@@ -63,6 +66,9 @@ class ParquetLocation:
     size: int
     row_groups: tuple[tuple[int, int], ...]
     """``(first offset, last offset)`` of each row group, in order."""
+
+    def describe(self) -> str:
+        return f"Parquet file {self.key!r}"
 
     def row_groups_from(self, offset: int) -> list[int]:
         """Indices of the row groups holding ``offset`` and everything after it."""

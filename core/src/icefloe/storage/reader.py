@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from icefloe.compaction.parquet import rebuild_batches
 from icefloe.compaction.parquet_reader import ParquetRangeReader
-from icefloe.errors import IcefloeError, NotFoundError
+from icefloe.errors import CorruptDataError, IcefloeError, LostDataError, NotFoundError
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
 from icefloe.storage import batch as batches
@@ -19,6 +22,8 @@ from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.recent import RecentWalObjects
 
 MAX_ENTRIES_PER_READ = 64
+
+T = TypeVar("T")
 
 
 class OffsetOutOfRange(IcefloeError):
@@ -37,6 +42,9 @@ class ReadResult:
     """Whole record batches, base offsets patched; the first holds the requested offset."""
     next_offset: int
     """The offset after the last record returned (the next read starts here)."""
+    truncated: bool = False
+    """A limit stopped the read before the log end: more records may follow at
+    ``next_offset`` (a long poll must not wait for records that are already there)."""
 
 
 class StreamReader:
@@ -67,20 +75,33 @@ class StreamReader:
             if entry is None or entry.start > position:
                 if not out:
                     await self._check_range(stream_id, offset, entry)
-                break
+                return ReadResult(bytes(out), position)
             try:
                 chunk, next_offset, complete = await self._read_entry(
                     entry, position, max_bytes - len(out), first=not out
                 )
             except NotFoundError:
-                # Compaction replaced the entry and its WAL object is gone: look it up again.
-                self._index.forget(entry)
+                await self._check_replaced(entry, position)
                 continue
             out += chunk
             position = next_offset
             if not complete or len(out) >= max_bytes:
                 break
-        return ReadResult(bytes(out), position)
+        return ReadResult(bytes(out), position, truncated=True)
+
+    async def _check_replaced(self, entry: IndexEntry, position: int) -> None:
+        """The object of a cached ``entry`` is gone: fine if compaction replaced the entry.
+
+        Raises:
+            LostDataError: the index still names the object; its records cannot be read.
+        """
+        self._index.forget(entry)
+        current = await self._index.entry_for(entry.stream_id, position)
+        if current is not None and current.location == entry.location:
+            raise LostDataError(
+                f"stream {entry.stream_id}: offsets [{entry.start}, {entry.end}) are in "
+                f"{entry.location.describe()}, which is missing from the object store"
+            )
 
     async def _read_entry(
         self, entry: IndexEntry, offset: int, budget: int, *, first: bool
@@ -113,15 +134,34 @@ class StreamReader:
         groups = location.row_groups_from(offset)
         next_offset = offset
         for i, group in enumerate(groups):
-            table = await self._parquet.read_row_groups(location.key, location.size, [group])
-            rebuilt = rebuild_batches(_from_batch_holding(table, offset))
-            if len(out) + len(rebuilt) > budget and (out or not first):
-                return out, next_offset, False
+            rebuilt = await self._from_row_group(location, group, _rebuild_from, offset)
+            if len(out) + len(rebuilt) > budget:
+                # A row group holds many batches: take those that fit (the first one always).
+                taken, after = _whole_batches_within(rebuilt, budget - len(out), first and not out)
+                out += rebuilt[:taken]
+                return out, after if taken else next_offset, False
             out += rebuilt
             next_offset = location.row_groups[group][1] + 1
             if len(out) >= budget:
                 return out, next_offset, i == len(groups) - 1
         return out, next_offset, True
+
+    async def _from_row_group(
+        self, location: ParquetLocation, group: int, work: Callable[[pa.Table, int], T], arg: int
+    ) -> T:
+        """``work(rows of the group, arg)``, run off the event loop: it is per-row CPU work.
+
+        Raises:
+            NotFoundError: the file is gone.
+            CorruptDataError: the file does not decode as the table row schema.
+        """
+        try:
+            table = await self._parquet.read_row_groups(location.key, location.size, [group])
+            return await asyncio.to_thread(work, table, arg)
+        except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+            raise CorruptDataError(
+                f"{location.describe()}, row group {group}, does not decode: {exc}"
+            ) from exc
 
     async def _read_chunk(self, entry: IndexEntry, start: int, end: int) -> bytes | memoryview:
         location = entry.location
@@ -143,36 +183,67 @@ class StreamReader:
             raise OffsetOutOfRange(offset, await self._index.log_start(stream_id), log_end)
 
     async def offset_for_timestamp(self, stream_id: int, timestamp: int) -> int | None:
-        """The earliest offset whose record timestamp is ``>= timestamp``, or ``None``."""
-        async for entry in self._index.entries(stream_id):
-            if entry.max_timestamp < timestamp:
-                continue
-            if isinstance(entry.location, ParquetLocation):
-                found = await self._parquet_offset_for_timestamp(entry.location, timestamp)
+        """The earliest offset whose record timestamp is ``>= timestamp``, or ``None``.
+
+        Raises:
+            LostDataError, CorruptDataError: a stored object the search needs is unreadable.
+        """
+        for _ in range(MAX_ENTRIES_PER_READ):
+            async for entry in self._index.entries(stream_id):
+                if entry.max_timestamp < timestamp:
+                    continue
+                try:
+                    found = await self._offset_for_timestamp_in(entry, timestamp)
+                except NotFoundError:
+                    await self._check_replaced(entry, entry.start)
+                    break  # compaction replaced the entry meanwhile: search again
                 if found is not None:
                     return found
-                continue
-            for ref in entry.batches:
-                if ref.max_timestamp < timestamp:
-                    continue
-                data = await self._read_chunk(entry, ref.position, ref.position + ref.length)
-                first_offset = entry.start + ref.offset_delta
-                patched = batches.patch_base_offsets(data, first_offset)
-                for record in records.decode_batch(patched)[1]:
-                    if record.timestamp >= timestamp:
-                        return record.offset
+            else:
+                return None
         return None
 
-    async def _parquet_offset_for_timestamp(
-        self, location: ParquetLocation, timestamp: int
-    ) -> int | None:
-        for group in range(len(location.row_groups)):
-            table = await self._parquet.read_row_groups(location.key, location.size, [group])
-            micros = pc.cast(table.column("timestamp"), pa.int64())
-            hits = pc.filter(table.column("offset"), pc.greater_equal(micros, timestamp * 1000))
-            if len(hits):
-                return int(hits[0].as_py())
+    async def _offset_for_timestamp_in(self, entry: IndexEntry, timestamp: int) -> int | None:
+        location = entry.location
+        if isinstance(location, ParquetLocation):
+            for group in range(len(location.row_groups)):
+                found = await self._from_row_group(location, group, _first_at_or_after, timestamp)
+                if found is not None:
+                    return found
+            return None
+        for ref in entry.batches:
+            if ref.max_timestamp < timestamp:
+                continue
+            data = await self._read_chunk(entry, ref.position, ref.position + ref.length)
+            patched = batches.patch_base_offsets(data, entry.start + ref.offset_delta)
+            for record in records.decode_batch(patched)[1]:
+                if record.timestamp >= timestamp:
+                    return record.offset
         return None
+
+
+def _whole_batches_within(data: bytes, room: int, at_least_one: bool) -> tuple[int, int]:
+    """(bytes, next offset) of the leading whole batches of ``data`` that fit in ``room``."""
+    position = 0
+    next_offset = -1
+    while position < len(data):
+        header = batches.read_header(data, position)
+        if position + header.size > room and not (at_least_one and position == 0):
+            break
+        position += header.size
+        next_offset = header.base_offset + header.last_offset_delta + 1
+    return position, next_offset
+
+
+def _first_at_or_after(table: pa.Table, timestamp_ms: int) -> int | None:
+    """The offset of the first row at or after ``timestamp_ms``, if any."""
+    micros = pc.cast(table.column("timestamp"), pa.int64())
+    hits = pc.filter(table.column("offset"), pc.greater_equal(micros, timestamp_ms * 1000))
+    return int(hits[0].as_py()) if len(hits) else None
+
+
+def _rebuild_from(table: pa.Table, offset: int) -> bytes:
+    return rebuild_batches(_from_batch_holding(table, offset))
 
 
 def _from_batch_holding(table: pa.Table, offset: int) -> pa.Table:

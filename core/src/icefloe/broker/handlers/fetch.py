@@ -4,7 +4,8 @@ Size limits follow KIP-74: partitions are filled in request order until ``max_by
 the first partition that returns data may exceed a limit, by its first batch, so that a
 consumer always makes progress; batches are never split. When fewer than ``min_bytes`` are
 available the request waits, up to ``max_wait``, for an index notification on any of its
-partitions (:meth:`StreamStorage.wait_for_data`), then reads again.
+partitions (:meth:`StreamStorage.wait_for_data`), then reads on from where each partition
+stopped. It does not wait when a partition has more data than its limit let in.
 
 There are no fetch sessions (KIP-227): this broker answers as a Kafka broker whose session
 cache has no slots. A full request gets a full response with session id 0, which tells the
@@ -31,7 +32,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
 from icefloe.storage.engine import StreamStorage
-from icefloe.storage.reader import OffsetOutOfRange
+from icefloe.storage.reader import OffsetOutOfRange, ReadResult
 
 _NO_THROTTLE = datetime.timedelta(0)
 _READ_UNCOMMITTED: Final = 0
@@ -51,6 +52,7 @@ class _Partition:
     error: ErrorCode = ErrorCode.none
     data: bytes = b""
     next_offset: int = 0
+    """Where the next read of this partition starts."""
 
     @property
     def readable(self) -> bool:
@@ -82,7 +84,13 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
 
 async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
     """A partition to read, or the error that says why it cannot be read here."""
-    target = _Partition(topic, request.partition, request.fetch_offset, request.partition_max_bytes)
+    target = _Partition(
+        topic,
+        request.partition,
+        request.fetch_offset,
+        request.partition_max_bytes,
+        next_offset=request.fetch_offset,
+    )
     target.stream_id = await partitions.stream_of(ctx, topic, request.partition)
     epoch_error = partitions.leader_epoch_error(getattr(request, "current_leader_epoch", -1))
     if target.stream_id is None:
@@ -95,14 +103,22 @@ async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
 
 
 async def _fill(storage: StreamStorage, targets: list[_Partition], request: Any) -> None:
-    """Read every partition; while fewer than ``min_bytes`` came back, wait and read again."""
+    """Read every partition; while fewer than ``min_bytes`` came back, wait and read on.
+
+    A wait ends on an index notification for one of the partitions or at the deadline, and
+    the next pass reads only what is new (from where each partition stopped), so a long poll
+    never reads the same bytes twice.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + request.max_wait.total_seconds()
+    size = 0
     while True:
-        size, full = await _read_all(storage, targets, request.max_bytes)
+        size, full = await _read_more(storage, targets, request.max_bytes, size)
         remaining = deadline - loop.time()
         # As in Kafka, an error in any partition answers the request at once; so does a
-        # response that is full (waiting could not make it any bigger).
+        # response that is full, or a partition that has more to read than its limit let in
+        # (a consumer behind the log end gets what is there, as Kafka answers at once for a
+        # fetch from an older segment): waiting could not make the response any bigger.
         if (
             size >= request.min_bytes
             or full
@@ -116,47 +132,49 @@ async def _fill(storage: StreamStorage, targets: list[_Partition], request: Any)
         await storage.wait_for_data(waiting, remaining)
 
 
-async def _read_all(
-    storage: StreamStorage, targets: list[_Partition], max_bytes: int
+async def _read_more(
+    storage: StreamStorage, targets: list[_Partition], max_bytes: int, size: int
 ) -> tuple[int, bool]:
-    """Read each partition from its fetch offset within the limits.
+    """Read each partition on from where it stopped, within the limits.
+
+    Args:
+        size: Bytes the earlier passes read.
 
     Returns:
-        The bytes read, and whether the limits held back data that is there to read.
+        The bytes read in all, and whether the limits held back data that is there to read.
     """
-    size = 0
     full = False
     for target in targets:
-        target.data, target.next_offset = b"", target.fetch_offset
         if not target.readable:
             continue
-        if size and size >= max_bytes:
+        if size >= max_bytes or len(target.data) >= target.max_bytes:
             full = True
             continue
-        limit = min(target.max_bytes, max_bytes - size)
-        data = await _read(storage, target, max(limit, 1))
-        # The storage always returns a whole first batch; only the first data may exceed.
-        if size == 0 or len(data) <= limit:
-            target.data = data
-            size += len(data)
+        limit = min(target.max_bytes - len(target.data), max_bytes - size)
+        result = await _read(storage, target, max(limit, 1))
+        if result is None:
+            continue
+        # The storage returns a whole first batch; only the response's first data may exceed.
+        if size == 0 or len(result.data) <= limit:
+            target.data += result.data
+            target.next_offset = result.next_offset
+            size += len(result.data)
+            full = full or result.truncated
         else:
-            target.next_offset = target.fetch_offset
             full = True
     return size, full
 
 
-async def _read(storage: StreamStorage, target: _Partition, max_bytes: int) -> bytes:
+async def _read(storage: StreamStorage, target: _Partition, max_bytes: int) -> ReadResult | None:
     assert target.stream_id is not None
     try:
-        result = await storage.read(target.stream_id, target.fetch_offset, max_bytes)
+        return await storage.read(target.stream_id, target.next_offset, max_bytes)
     except OffsetOutOfRange:
         target.error = ErrorCode.offset_out_of_range
-        return b""
     except IcefloeError as exc:
         target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
-        return b""
-    target.next_offset = result.next_offset
-    return result.data
+    target.data = b""
+    return None
 
 
 async def _responses(

@@ -14,7 +14,8 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.broker.cluster import client_zone
 from icefloe.broker.server import RequestContext
-from icefloe.errors import IcefloeError
+from icefloe.errors import CorruptDataError, IcefloeError, LostDataError
+from icefloe.quiet_log import QuietLog
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,19 @@ def read_error(exc: IcefloeError, what: str) -> ErrorCode:
     """The error for a partition whose storage read failed (fetch, list offsets).
 
     KAFKA_STORAGE_ERROR is what Kafka answers when a log directory is offline: every client
-    retries it after refreshing its metadata, which is right when the metadata store or the
-    WAL is briefly unreachable. Anything else is a fault worth a log line.
+    retries it after refreshing its metadata. That is right when the metadata store or the
+    WAL is briefly unreachable, and the honest answer when a stored object is missing or
+    corrupt (the operator must act; the log says which object, once a minute, not once per
+    retry). Anything else is a fault worth a traceback.
     """
     if exc.retriable:
-        log.warning("%s: storage unavailable: %s", what, exc)
+        _storage_log.warning(f"{what}: storage unavailable: {exc}")
+        return ErrorCode.kafka_storage_error
+    if isinstance(exc, LostDataError | CorruptDataError):
+        _storage_log.error(f"{what}: {exc}")
         return ErrorCode.kafka_storage_error
     log.error("%s failed", what, exc_info=exc)
     return ErrorCode.unknown_server_error
+
+
+_storage_log = QuietLog(log, every_s=60)

@@ -1,0 +1,139 @@
+"""A stored object that the offset index references but that is missing or corrupt: reads of
+its records fail with a clear, typed error naming the object and the stream, and everything
+else in the stream stays readable. (A WAL object that compaction replaced and collected is not
+lost: the reader finds the Parquet entry that replaced it.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from icefloe.broker.topics import TopicRegistry
+from icefloe.compaction.service import Compactor
+from icefloe.config import Config
+from icefloe.errors import CorruptDataError, LostDataError
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
+from tests.compaction.test_compaction import comparable, read_all, records
+from tests.support.storage import storage_config
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return storage_config(tmp_path)
+
+
+@pytest.fixture
+async def parts(config: Config) -> AsyncIterator[tuple[StreamStorage, TopicRegistry, Compactor]]:
+    async with await StreamStorage.open(config) as storage:
+        topics = TopicRegistry(storage)
+        await topics.start()
+        compactor = await Compactor.open(config, storage, topics)
+        try:
+            yield storage, topics, compactor
+        finally:
+            await compactor.close()
+            await topics.close()
+
+
+def object_file(config: Config, entry: IndexEntry) -> Path:
+    """Where the local object store keeps the object an entry points to."""
+    location = entry.location
+    objects = Path(config.data_dir) / "objects"
+    if isinstance(location, ParquetLocation):
+        return objects / location.key
+    assert isinstance(location, WalLocation)
+    (found,) = objects.rglob(f"*{location.ref.rsplit('/', 1)[-1]}*")
+    return found
+
+
+async def three_entries(config: Config, storage: StreamStorage) -> tuple[int, list[IndexEntry]]:
+    """A stream of three entries of 10 records, written by another engine (nothing cached)."""
+    async with await StreamStorage.open(config) as writer:
+        stream = await writer.create_stream("s")
+        for tag in ("a", "b", "c"):
+            await writer.append(stream, records(10, tag))
+    return stream, await storage.index.scan(stream)
+
+
+async def test_a_missing_wal_object_is_lost_data_naming_the_object_and_the_stream(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage, _, _ = parts
+    stream, entries = await three_entries(config, storage)
+    object_file(config, entries[1]).unlink()
+
+    with pytest.raises(LostDataError) as lost:
+        await storage.read(stream, 10)
+
+    message = str(lost.value)
+    assert f"stream {stream}" in message
+    assert "offsets [10, 20)" in message
+    assert entries[1].location.ref in message  # type: ignore[union-attr]
+    assert [r.offset for r in await storage.read_records(stream, 20)] == list(range(20, 30))
+    assert [r.offset for r in await storage.read_records(stream, 0, max_bytes=1)] == list(range(10))
+
+
+async def test_a_corrupt_wal_object_is_corrupt_data(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage, _, _ = parts
+    stream, entries = await three_entries(config, storage)
+    path = object_file(config, entries[0])
+    data = bytearray(path.read_bytes())
+    location = entries[0].location
+    assert isinstance(location, WalLocation)
+    data[location.position + location.length - 1] ^= 0xFF  # the last record byte of the chunk
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(CorruptDataError, match="CRC"):
+        await storage.read(stream, 0)
+    assert (await storage.read_records(stream, 10))[0].offset == 10
+
+
+async def test_a_missing_parquet_file_is_lost_data(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, records(10, "a"))
+    await compactor.until_idle()
+    (entry,) = await storage.index.scan(stream)
+    object_file(config, entry).unlink()
+
+    with pytest.raises(LostDataError, match=r"Parquet file .* missing"):
+        await storage.read(stream, 0)
+    with pytest.raises(LostDataError):
+        await storage.offset_for_timestamp(stream, 0)
+
+
+async def test_a_corrupt_parquet_file_is_corrupt_data(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, records(10, "a"))
+    await compactor.until_idle()
+    (entry,) = await storage.index.scan(stream)
+    path = object_file(config, entry)
+    path.write_bytes(bytes(path.stat().st_size))  # same size, all zeros
+
+    with pytest.raises(CorruptDataError, match="Parquet file"):
+        await storage.read(stream, 0)
+
+
+async def test_a_wal_object_replaced_by_compaction_is_not_lost(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, records(10, "a"))
+    before = await read_all(storage, stream)  # caches the WAL entry
+    (wal_entry,) = await storage.index.scan(stream)
+    await compactor.until_idle()
+    object_file(config, wal_entry).unlink()  # as garbage collection would, after the swap
+    storage.index.remember(wal_entry)  # a stale cache, as before a notification arrives
+
+    assert comparable(await read_all(storage, stream)) == comparable(before)
