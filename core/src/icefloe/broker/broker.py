@@ -9,6 +9,7 @@ import random
 from typing import Self
 
 from icefloe.broker.cluster import BrokerInfo, Cluster
+from icefloe.broker.memory import ByteBudget, client_data_bytes
 from icefloe.broker.options import BrokerOptions
 from icefloe.broker.server import KafkaServer
 from icefloe.broker.stalls import StallDetector
@@ -34,7 +35,9 @@ class Broker:
         self.groups = GroupCoordinator(
             storage.metadata, self.cluster, self.topics, config.groups, self.options.session_ttl_s
         )
-        self.server = KafkaServer(self)
+        self.memory = ByteBudget(client_data_bytes(self.options, config.storage))
+        """Memory for requests and responses in flight, over every connection."""
+        self.server = KafkaServer(self, self.memory)
         self.stalls = StallDetector()
         self._stall_watch: asyncio.Task[None] | None = None
         self._maintenance: asyncio.Task[None] | None = None

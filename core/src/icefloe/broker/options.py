@@ -32,7 +32,13 @@ class BrokerOptions(BaseModel):
     """Requests per connection decoded ahead of their responses (pipelining). High, because a
     produce waits for its WAL flush (200 ms in the cost profile) and clients pipeline through it."""
     max_inflight_bytes: int = Field(default=64 << 20, gt=0)
-    """Bytes of requests per connection decoded ahead of their responses; past it, the broker
-    stops reading from the connection until responses go out (back-pressure)."""
+    """Bytes one connection's unanswered requests and unsent responses may hold; past it, the
+    broker stops reading from the connection until responses go out (back-pressure)."""
+    max_memory_bytes: int = Field(default=512 << 20, gt=0)
+    """Memory for client data in this broker process: requests and responses in flight over
+    every connection, plus what the read caches and the WAL write buffer are configured to
+    hold ([storage] wal_cache_bytes, index_cache_entries, flush_bytes x max_inflight_flushes),
+    which come out of it first. When it is spent, the broker reads no further requests until
+    responses go out, and fetches return less (back-pressure, never growth)."""
     session_ttl_s: float = Field(default=10.0, gt=0)
     """How long a dead broker stays listed before its registration expires."""

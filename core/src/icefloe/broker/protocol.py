@@ -94,8 +94,9 @@ def _response_writer(api_key: int, api_version: int) -> tuple[Any, Any, Any]:
     return header, entity_writer(header), entity_writer(schema)
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
-    """A size-prefixed response frame."""
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> memoryview:
+    """A size-prefixed response frame (a view of the buffer it was written to: a fetch
+    response may be tens of megabytes, so it is not copied again)."""
     header_type, write_header, write_body = _response_writer(api_key, api_version)
     buffer = io.BytesIO()
     buffer.write(b"\0\0\0\0")
@@ -103,7 +104,7 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
     write_body(buffer, body)
     frame = buffer.getbuffer()
     _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
-    return bytes(frame)
+    return frame
 
 
 @functools.cache

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
+import gc
 import logging
 import multiprocessing
 import signal
@@ -45,6 +47,8 @@ STABLE_AFTER_S: Final = 60.0
 """A broker up this long has recovered: its next crash starts the back-off afresh."""
 MAX_CRASHES_IN_A_ROW: Final = 5
 _POLL_S: Final = 0.2
+_M_MMAP_THRESHOLD: Final = -3
+"""mallopt's parameter number for the mmap threshold (glibc's malloc.h)."""
 
 
 @dataclass
@@ -67,6 +71,7 @@ class StartFailed(Exception):
 def run_broker(config: Config, port: int, report: Connection) -> None:
     """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
+    _return_large_blocks_to_the_system()
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -83,6 +88,9 @@ def run_broker(config: Config, port: int, report: Connection) -> None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(broker.stop(), STOP_TIMEOUT_S)
             return 1
+        # What exists now (modules, schemas, plugins) lives as long as the process: keep it out
+        # of the collector's full passes, which otherwise stall the loop for 100-200 ms each.
+        gc.freeze()
         report.send(("ready", (info.node_id, info.host, info.port)))
         try:
             await stop.wait()
@@ -90,7 +98,21 @@ def run_broker(config: Config, port: int, report: Connection) -> None:
             await broker.stop()
         return 0
 
-    sys.exit(asyncio.run(main()))
+    status = asyncio.run(main())
+    # The loop and its signal handlers are gone: a late SIGTERM just ends the process.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.exit(status)
+
+
+def _return_large_blocks_to_the_system() -> None:
+    """Have glibc map every block over 128 KiB on its own, so that freeing it unmaps it.
+
+    By default glibc raises that threshold as large blocks are freed, after which request and
+    response buffers come from the heap and a broker's RSS stays at its peak for good after a
+    burst; measured under overload: 735 MiB, against 300 MiB with this (and a peak of 675).
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 128 << 10)
 
 
 def startup_failure(exc: BaseException, config: Config, port: int) -> str:
@@ -187,6 +209,7 @@ def _await_start(children: list[_Child], stopping: Callable[[], bool]) -> list[A
                     f"(status {child.process.exitcode}) before it started; see the log above"
                 ) from None
             if kind == "failed":
+                child.process.join(STOP_TIMEOUT_S)  # it exits by itself once it has reported
                 raise StartFailed(f"the broker for port {child.port} cannot start: {detail}")
             started[child.index] = detail
         if time.monotonic() > deadline:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from icefloe.broker import protocol
 from icefloe.broker.apis import SUPPORTED_APIS, Api
+from icefloe.broker.memory import ByteBudget, Held
 from icefloe.broker.protocol import ProtocolError, Request
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
+CLOSE_GRACE_S = 5.0
+"""How long a closing connection may take to send what it still has queued."""
 
 Handler = Callable[["RequestContext", Any], Awaitable[Any]]
 
@@ -39,8 +42,12 @@ class Connection:
     """Per-connection state shared by the handlers of its requests."""
 
     peer: str
+    budget: ByteBudget
+    """Bytes this connection's unanswered requests and unsent responses hold."""
     ordered: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by handlers for the part of their work that must follow request order."""
+    holds: set[Held] = field(default_factory=set)
+    """Memory held by requests not answered yet, released at the latest when it closes."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class RequestContext:
     broker: Broker
     connection: Connection
     request: Request
+    held: Held
+    """The memory this request holds; a handler that builds a large response (fetch) sizes it
+    with :meth:`Held.take_up_to` first."""
 
     @property
     def api_version(self) -> int:
@@ -74,9 +84,10 @@ NO_RESPONSE = NoResponse()
 class KafkaServer:
     """Accepts Kafka connections for one broker."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, memory: ByteBudget) -> None:
         self._broker = broker
         self._options = broker.options
+        self._memory = memory
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._handlers: dict[int, Handler] = {}
@@ -109,26 +120,26 @@ class KafkaServer:
         assert task is not None
         self._connections.add(task)
         peer = str(writer.get_extra_info("peername"))
-        connection = Connection(peer)
+        connection = Connection(peer, ByteBudget(self._options.max_inflight_bytes))
         responses: asyncio.Queue[_Pending | None] = asyncio.Queue(
             self._options.max_inflight_requests
         )
-        budget = _ByteBudget(self._options.max_inflight_bytes)
-        sender = asyncio.create_task(self._send(writer, responses, budget), name=f"send {peer}")
+        sender = asyncio.create_task(self._send(writer, responses), name=f"send {peer}")
+        reading = asyncio.create_task(
+            self._read_requests(reader, connection, responses), name=f"read {peer}"
+        )
         try:
-            while True:
-                frame = await self._read_frame(reader)
-                if frame is None:
-                    break
-                # Stop reading while this connection's unanswered requests hold too much.
-                await budget.take(len(frame))
-                response = self._dispatch(connection, frame)
-                await responses.put(_Pending(response, len(frame)))
-        except ProtocolError as exc:
-            log.info("closing %s: %s", peer, exc)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            # A sender that stops first (the client went away, a handler failed) ends the
+            # reading too, or a reader blocked on a full queue or on spent memory would hold
+            # what it holds forever.
+            await asyncio.wait((reading, sender), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            pass  # the broker is closing; asyncio's stream callback must not see a cancel
         finally:
+            if not reading.done():
+                reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
             try:
                 responses.put_nowait(None)  # let the sender finish what was answered so far
             except asyncio.QueueFull:
@@ -136,11 +147,42 @@ class KafkaServer:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await sender
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:
+                # Unsent bytes go out first, but a peer that stopped reading gets no say in
+                # how long this connection (and what it holds) lives on.
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_GRACE_S)
+            except (TimeoutError, Exception):  # noqa: BLE001 - closing regardless
+                writer.transport.abort()
+            for held in list(connection.holds):
+                held.release()
             self._connections.discard(task)
 
-    async def _read_frame(self, reader: asyncio.StreamReader) -> bytes | None:
+    async def _read_requests(
+        self,
+        reader: asyncio.StreamReader,
+        connection: Connection,
+        responses: asyncio.Queue[_Pending | None],
+    ) -> None:
+        """Read frames and start their handlers until the client closes or sends garbage."""
+        try:
+            while True:
+                size = await self._read_size(reader)
+                if size is None:
+                    return
+                held = Held(connection.budget, self._memory, connection.holds)
+                # Back-pressure: read no further while this connection, or the broker as a
+                # whole, holds all the memory it may.
+                await held.take(size)
+                frame = await reader.readexactly(size)
+                response = self._dispatch(connection, frame, held)
+                await responses.put(_Pending(response, held))
+        except ProtocolError as exc:
+            log.info("closing %s: %s", connection.peer, exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+
+    async def _read_size(self, reader: asyncio.StreamReader) -> int | None:
+        """The size of the next frame, or ``None`` when the client closed between frames."""
         try:
             prefix = await reader.readexactly(_SIZE.size)
         except asyncio.IncompleteReadError as exc:
@@ -153,9 +195,11 @@ class KafkaServer:
                 f"request of {size} bytes exceeds broker.max_request_bytes "
                 f"({self._options.max_request_bytes})"
             )
-        return await reader.readexactly(size)
+        return int(size)
 
-    def _dispatch(self, connection: Connection, frame: bytes) -> asyncio.Task[bytes | None]:
+    def _dispatch(
+        self, connection: Connection, frame: bytes, held: Held
+    ) -> asyncio.Task[bytes | memoryview | None]:
         """Decode the request and start its handler; the task yields the response frame."""
         api_key, api_version = protocol.peek_api(frame)
         api = SUPPORTED_APIS.get(api_key)
@@ -166,18 +210,20 @@ class KafkaServer:
                 return asyncio.create_task(self._unsupported_api_versions(frame))
             raise ProtocolError(f"unsupported version {api_version} of {api.name}")
         request = protocol.decode_request(frame)
-        context = RequestContext(self._broker, connection, request)
+        context = RequestContext(self._broker, connection, request, held)
         return asyncio.create_task(self._respond(api, context), name=f"{api.name} {api_version}")
 
-    async def _respond(self, api: Api, context: RequestContext) -> bytes | None:
+    async def _respond(self, api: Api, context: RequestContext) -> memoryview | None:
         request = context.request
         try:
             body = await self.handler(api)(context, request.body)
             if body is NO_RESPONSE:
                 return None
-            return protocol.encode_response(
+            frame = protocol.encode_response(
                 request.api_key, request.api_version, request.correlation_id, body
             )
+            context.held.add_response(len(frame))
+            return frame
         except Exception:
             # A bug, never the client's fault: handlers answer bad input with Kafka errors.
             log.exception(
@@ -188,16 +234,13 @@ class KafkaServer:
             )
             raise
 
-    async def _unsupported_api_versions(self, frame: bytes) -> bytes:
+    async def _unsupported_api_versions(self, frame: bytes) -> memoryview:
         from icefloe.broker.handlers.api_versions import unsupported_version_response
 
         return unsupported_version_response(frame)
 
     async def _send(
-        self,
-        writer: asyncio.StreamWriter,
-        responses: asyncio.Queue[_Pending | None],
-        budget: _ByteBudget,
+        self, writer: asyncio.StreamWriter, responses: asyncio.Queue[_Pending | None]
     ) -> None:
         while True:
             pending = await responses.get()
@@ -209,35 +252,21 @@ class KafkaServer:
                 # A client waiting for the answer must not hang: close the connection.
                 writer.close()
                 return
-            if frame is not None:
-                writer.write(frame)
-                await writer.drain()
-            await budget.give_back(pending.size)
+            try:
+                if frame is not None:
+                    writer.write(frame)
+                    # What the socket did not take, the transport copied: let the encoding
+                    # buffer go now, or a slow reader's response would be held twice.
+                    if isinstance(frame, memoryview):
+                        frame.release()
+                    del frame
+                    await writer.drain()
+            finally:
+                pending.held.release()
 
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
-    response: asyncio.Task[bytes | None]
-    size: int
-    """Bytes of the request frame, held until its response is sent."""
-
-
-class _ByteBudget:
-    """Bytes of unanswered requests a connection may hold; a lone oversized request passes."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._used = 0
-        self._changed = asyncio.Condition()
-
-    async def take(self, size: int) -> None:
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: self._used == 0 or self._used + size <= self._limit
-            )
-            self._used += size
-
-    async def give_back(self, size: int) -> None:
-        async with self._changed:
-            self._used -= size
-            self._changed.notify_all()
+    response: asyncio.Task[bytes | memoryview | None]
+    held: Held
+    """The request's memory, released once its response is sent."""

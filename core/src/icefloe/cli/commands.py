@@ -191,6 +191,7 @@ def _without_none(value: Any) -> Any:
 @click.pass_context
 def serve(ctx: click.Context, data_dir: str | None, port: int | None, brokers: int) -> int:
     """Run Kafka-compatible brokers (on the embedded default unless configured otherwise)."""
+    from icefloe.broker.memory import client_data_bytes
     from icefloe.broker.serve import serve as run
 
     overrides: dict[str, Any] = {}
@@ -201,4 +202,5 @@ def serve(ctx: click.Context, data_dir: str | None, port: int | None, brokers: i
     config = configuration.load_config(ctx.obj.get("config_path"), overrides=overrides)
     for kind in (PortKind.METADATA, PortKind.OBJECT_STORE, PortKind.WAL):
         configuration.resolve_one(config, kind)  # fail now, with the fix, not in a child
+    client_data_bytes(config.broker, config.storage)  # the memory budget must fit its parts
     return run(config, brokers)

@@ -38,7 +38,7 @@ class OffsetOutOfRange(IcefloeError):
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    data: bytes
+    data: bytes | bytearray
     """Whole record batches, base offsets patched; the first holds the requested offset."""
     next_offset: int
     """The offset after the last record returned (the next read starts here)."""
@@ -75,19 +75,17 @@ class StreamReader:
             if entry is None or entry.start > position:
                 if not out:
                     await self._check_range(stream_id, offset, entry)
-                return ReadResult(bytes(out), position)
+                return ReadResult(out, position)
+            mark = len(out)
             try:
-                chunk, next_offset, complete = await self._read_entry(
-                    entry, position, max_bytes - len(out), first=not out
-                )
+                position, complete = await self._read_entry(entry, position, out, max_bytes)
             except NotFoundError:
+                del out[mark:]
                 await self._check_replaced(entry, position)
                 continue
-            out += chunk
-            position = next_offset
             if not complete or len(out) >= max_bytes:
                 break
-        return ReadResult(bytes(out), position, truncated=True)
+        return ReadResult(out, position, truncated=True)
 
     async def _check_replaced(self, entry: IndexEntry, position: int) -> None:
         """The object of a cached ``entry`` is gone: fine if compaction replaced the entry.
@@ -104,47 +102,52 @@ class StreamReader:
             )
 
     async def _read_entry(
-        self, entry: IndexEntry, offset: int, budget: int, *, first: bool
-    ) -> tuple[bytes | bytearray, int, bool]:
-        """Batches of one entry from ``offset`` within ``budget``; ``complete`` if all were
-        taken. The first batch of a read is taken even if it exceeds the budget."""
+        self, entry: IndexEntry, offset: int, out: bytearray, max_bytes: int
+    ) -> tuple[int, bool]:
+        """Append the batches of one entry from ``offset`` to ``out`` while it stays within
+        ``max_bytes`` (its first batch always, if ``out`` is empty).
+
+        Returns:
+            The offset after the last record appended, and whether the entry was read to its
+            end.
+        """
         if isinstance(entry.location, ParquetLocation):
-            return await self._read_parquet(entry.location, offset, budget, first=first)
+            return await self._read_parquet(entry.location, offset, out, max_bytes)
         wanted = entry.batches_from(offset)
         taken = 0
-        size = 0
+        size = len(out)
         for ref in wanted:
-            if size + ref.length > budget and not (first and taken == 0):
+            if size + ref.length > max_bytes and size:
                 break
             size += ref.length
             taken += 1
         if taken == 0:
-            return b"", offset, False
+            return offset, False
         head, tail = wanted[0], wanted[taken - 1]
-        start, end = head.position, tail.position + tail.length
-        data = await self._read_chunk(entry, start, end)
-        patched = batches.patch_base_offsets(data, entry.start + head.offset_delta)
-        next_offset = entry.start + tail.offset_delta + tail.record_count
-        return patched, next_offset, taken == len(wanted)
+        data = await self._read_chunk(entry, head.position, tail.position + tail.length)
+        # Copied once, into the response, and patched there.
+        mark = len(out)
+        out += data
+        batches.patch_base_offsets_into(out, mark, len(out), entry.start + head.offset_delta)
+        return entry.start + tail.offset_delta + tail.record_count, taken == len(wanted)
 
     async def _read_parquet(
-        self, location: ParquetLocation, offset: int, budget: int, *, first: bool
-    ) -> tuple[bytes | bytearray, int, bool]:
-        out = bytearray()
+        self, location: ParquetLocation, offset: int, out: bytearray, max_bytes: int
+    ) -> tuple[int, bool]:
         groups = location.row_groups_from(offset)
         next_offset = offset
         for i, group in enumerate(groups):
             rebuilt = await self._from_row_group(location, group, _rebuild_from, offset)
-            if len(out) + len(rebuilt) > budget:
+            if len(out) + len(rebuilt) > max_bytes:
                 # A row group holds many batches: take those that fit (the first one always).
-                taken, after = _whole_batches_within(rebuilt, budget - len(out), first and not out)
-                out += rebuilt[:taken]
-                return out, after if taken else next_offset, False
+                taken, after = _whole_batches_within(rebuilt, max_bytes - len(out), not out)
+                out += memoryview(rebuilt)[:taken]
+                return (after if taken else next_offset), False
             out += rebuilt
             next_offset = location.row_groups[group][1] + 1
-            if len(out) >= budget:
-                return out, next_offset, i == len(groups) - 1
-        return out, next_offset, True
+            if len(out) >= max_bytes:
+                return next_offset, i == len(groups) - 1
+        return next_offset, True
 
     async def _from_row_group(
         self, location: ParquetLocation, group: int, work: Callable[[pa.Table, int], T], arg: int

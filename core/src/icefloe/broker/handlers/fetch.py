@@ -28,6 +28,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from icefloe.broker.handlers import partitions
+from icefloe.broker.memory import Held
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
@@ -36,6 +37,9 @@ from icefloe.storage.reader import OffsetOutOfRange, ReadResult
 
 _NO_THROTTLE = datetime.timedelta(0)
 _READ_UNCOMMITTED: Final = 0
+_LEAST_READ: Final = 64 << 10
+"""A fetch's first read waits (within its max wait) until this much of the broker's memory
+for client data is free, rather than read a sliver."""
 _FULL_REQUEST_EPOCHS: Final = (0, -1)
 """Session epochs of full fetch requests (start a session, or none); others are incremental."""
 
@@ -50,7 +54,7 @@ class _Partition:
     max_bytes: int
     stream_id: int | None = None
     error: ErrorCode = ErrorCode.none
-    data: bytes = b""
+    data: bytes | bytearray = b""
     next_offset: int = 0
     """Where the next read of this partition starts."""
 
@@ -72,7 +76,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     targets = [
         await _target(ctx, topic.topic, p) for topic in request.topics for p in topic.partitions
     ]
-    await _fill(ctx.broker.storage, targets, request)
+    await _fill(ctx.broker.storage, ctx.held, targets, request)
     return make(
         module.FetchResponse,
         throttle_time=_NO_THROTTLE,
@@ -102,7 +106,9 @@ async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
     return target
 
 
-async def _fill(storage: StreamStorage, targets: list[_Partition], request: Any) -> None:
+async def _fill(
+    storage: StreamStorage, held: Held, targets: list[_Partition], request: Any
+) -> None:
     """Read every partition; while fewer than ``min_bytes`` came back, wait and read on.
 
     A wait ends on an index notification for one of the partitions or at the deadline, and
@@ -113,7 +119,8 @@ async def _fill(storage: StreamStorage, targets: list[_Partition], request: Any)
     deadline = loop.time() + request.max_wait.total_seconds()
     size = 0
     while True:
-        size, full = await _read_more(storage, targets, request.max_bytes, size)
+        memory = _Memory(held, deadline - loop.time() if size == 0 else 0.0)
+        size, full = await _read_more(storage, memory, targets, request.max_bytes, size)
         remaining = deadline - loop.time()
         # As in Kafka, an error in any partition answers the request at once; so does a
         # response that is full, or a partition that has more to read than its limit let in
@@ -132,16 +139,34 @@ async def _fill(storage: StreamStorage, targets: list[_Partition], request: Any)
         await storage.wait_for_data(waiting, remaining)
 
 
+@dataclass
+class _Memory:
+    """The request's memory, and how long its first read may wait for some to be free."""
+
+    held: Held
+    wait_s: float
+
+    async def grant(self, wanted: int) -> int:
+        granted = await self.held.take_up_to(wanted, _LEAST_READ, self.wait_s)
+        self.wait_s = 0.0  # once data is in the response, answer rather than wait for room
+        return granted
+
+
 async def _read_more(
-    storage: StreamStorage, targets: list[_Partition], max_bytes: int, size: int
+    storage: StreamStorage,
+    memory: _Memory,
+    targets: list[_Partition],
+    max_bytes: int,
+    size: int,
 ) -> tuple[int, bool]:
-    """Read each partition on from where it stopped, within the limits.
+    """Read each partition on from where it stopped, within the limits and the memory free.
 
     Args:
         size: Bytes the earlier passes read.
 
     Returns:
-        The bytes read in all, and whether the limits held back data that is there to read.
+        The bytes read in all, and whether the limits held back data that is there to read
+        (the broker's memory is one of the limits).
     """
     full = False
     for target in targets:
@@ -151,12 +176,19 @@ async def _read_more(
             full = True
             continue
         limit = min(target.max_bytes - len(target.data), max_bytes - size)
-        result = await _read(storage, target, max(limit, 1))
+        granted = await memory.grant(limit)
+        if granted == 0:
+            full = True  # no memory free: answer with what there is; the client asks again
+            continue
+        limit = min(limit, granted)
+        result = await _read(storage, target, limit)
+        # The storage returns a whole first batch; only the response's first data may exceed.
+        kept = result is not None and (size == 0 or len(result.data) <= limit)
+        memory.held.settle(granted, len(result.data) if result is not None and kept else 0)
         if result is None:
             continue
-        # The storage returns a whole first batch; only the response's first data may exceed.
-        if size == 0 or len(result.data) <= limit:
-            target.data += result.data
+        if kept:
+            target.data = result.data if not target.data else target.data + result.data
             target.next_offset = result.next_offset
             size += len(result.data)
             full = full or result.truncated
