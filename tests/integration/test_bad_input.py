@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import struct
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from tests.support.kafka_wire import (
     encode_request,
     fetch_request,
     produce_request,
+    request_module,
 )
 from tests.support.topics import create_topic, log_end, stored_records
 
@@ -176,4 +178,56 @@ def test_a_produce_request_that_does_not_decode_closes_the_connection(
 ) -> None:
     attacker.send_frame(frame(api_key=0, version=9, body=b"\x00\x01"))
     assert attacker.is_closed_by_peer()
+    bystander.assert_unharmed()
+
+
+def test_a_huge_array_length_closes_the_connection_and_the_broker_lives(
+    attacker: KafkaWire, bystander: Bystander
+) -> None:
+    # Metadata v12 whose topics array claims 2^32 - 2 elements: 24 bytes once killed a broker.
+    header = struct.pack(">hhih", 3, 12, 7, 1) + b"x\x00"
+    payload = header + b"\xff\xff\xff\xff\x0f\x01\x00\x00"
+    attacker.send_frame(struct.pack(">i", len(payload)) + payload)
+    assert attacker.is_closed_by_peer()
+    bystander.assert_unharmed()
+
+
+def test_a_produce_with_null_topic_data_closes_the_connection(
+    attacker: KafkaWire, bystander: Bystander
+) -> None:
+    # Produce v9: null transactional id, acks -1, timeout, then topic_data as null.
+    body = b"\x00" + struct.pack(">hi", -1, 30_000) + b"\x00" + b"\x00"
+    payload = struct.pack(">hhih", 0, 9, 7, 1) + b"x\x00" + body
+    attacker.send_frame(struct.pack(">i", len(payload)) + payload)
+    assert attacker.is_closed_by_peer()
+    bystander.assert_unharmed()
+
+
+def test_topic_names_no_topic_can_have_are_unknown_topics(
+    attacker: KafkaWire, bystander: Bystander
+) -> None:
+    for name in (f"{TOPIC}\x00", "", "a/b", "x" * 300):
+        produced = produce_answer_for(attacker, name)
+        fetched = attacker.request(fetch_request(name, 0, 0)).responses[0].partitions[0]
+        assert produced.error_code == ErrorCode.unknown_topic_or_partition, repr(name)
+        assert fetched.error_code == ErrorCode.unknown_topic_or_partition, repr(name)
+    bystander.assert_unharmed()
+
+
+def produce_answer_for(wire: KafkaWire, topic: str) -> Any:
+    response = wire.request(produce_request(topic, 0, batch_of([b"x"])))
+    return response.responses[0].partition_responses[0]
+
+
+def test_a_metadata_v11_request_naming_a_topic_only_by_id_is_invalid(
+    attacker: KafkaWire, bystander: Bystander
+) -> None:
+    m = request_module("metadata", 11)
+    request = m.MetadataRequest(
+        topics=(m.MetadataRequestTopic(topic_id=uuid.uuid4(), name=None),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    (topic,) = attacker.request(request).topics
+    assert topic.error_code == ErrorCode.invalid_request
     bystander.assert_unharmed()
