@@ -122,6 +122,8 @@ class _EntityPlan:
             for step in steps:
                 position = step(data, position, end)
             if flexible:
+                if position < end and data[position] == 0:  # no tagged fields: the usual case
+                    return position + 1
                 position = _check_tags(data, position, end, tagged, name)
             return position
 
@@ -259,7 +261,11 @@ def _legacy_length_step(prefix: struct.Struct, label: str, nullable: bool) -> St
 
 def _compact_length_step(label: str, nullable: bool) -> Step:
     def check(data: bytes | memoryview, position: int, end: int) -> int:
-        length, position = _read_uvarint(data, position, end, label)
+        if position < end and data[position] < 0x80:  # a one-byte length: the usual case
+            length = data[position]
+            position += 1
+        else:
+            length, position = _read_uvarint(data, position, end, label)
         if length == 0:
             if not nullable:
                 raise FrameError(f"{label}: null in a non-nullable field")
