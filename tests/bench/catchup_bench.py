@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record, build_batch
+from icefloe.topics.registry import TopicRegistry
 
 STREAMS = 8
 FETCH_BYTES = 1 << 20

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from icefloe.broker.cluster import BrokerInfo, client_zone, rendezvous_owner
+from icefloe.cluster import BrokerInfo, client_zone, rendezvous_owner
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.compaction.task import execute
 from icefloe.config import Config
@@ -22,6 +21,7 @@ from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
+from icefloe.topics.registry import TopicRegistry
 from tests.support.compaction_processes import start_engine_worker_then_wait
 from tests.support.storage import storage_config
 

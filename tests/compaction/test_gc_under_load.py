@@ -8,13 +8,13 @@ import asyncio
 import time
 from pathlib import Path
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.config import load_config
 from icefloe.errors import UnavailableError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation, WalLocation
 from icefloe.storage.records import Record
+from icefloe.topics.registry import TopicRegistry
 
 RUN_SECONDS = 4.0
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
 from icefloe.errors import CorruptDataError, LostDataError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
+from icefloe.topics.registry import TopicRegistry
 from tests.compaction.test_compaction import comparable, read_all, records
 from tests.support.storage import storage_config
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from icefloe.compaction.parquet import RowBuilder, encode_parquet
-from icefloe.compaction.parquet_reader import ParquetRangeReader
 from icefloe.config import load_config, resolve_one
 from icefloe.ports.base import OpenContext, PortKind
 from icefloe.ports.object_store import ObjectStore, RequestKind
+from icefloe.storage.parquet import RowBuilder, encode_parquet
+from icefloe.storage.parquet_reader import ParquetRangeReader
 from icefloe.storage.records import Record, build_batch
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction import retention
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.storage.records import Record
+from icefloe.topics.registry import TopicRegistry
 from tests.support.storage import storage_config
 
 

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.config import load_config
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
+from icefloe.topics.registry import TopicRegistry
 from tests.support.compaction_processes import CRASH_POINTS, compact_and_crash
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -28,7 +28,6 @@ from icefloe_compaction_spark.testing import QUICK_LOCAL_OPTIONS
 from pydantic import ValidationError
 
 from icefloe import config as configuration
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
 from icefloe.errors import CorruptDataError, UnavailableError
@@ -40,6 +39,7 @@ from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record, build_batch
 from icefloe.testing.compaction_contract import make_records, task_for, write_streams
 from icefloe.testing.contract import open_backend
+from icefloe.topics.registry import TopicRegistry
 from tests.compaction.test_compaction import comparable, read_all, records
 
 VALUE_1K = b"v" * 1024

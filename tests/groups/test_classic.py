@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.config.groups import GroupOptions
 from icefloe.groups import classic
 from icefloe.groups.model import ClassicGroup, ClassicState
-from icefloe.groups.options import GroupOptions
 
 OPTIONS = GroupOptions(min_session_timeout_ms=100, initial_rebalance_delay_ms=0)
 T0 = 1_000_000

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.cli import cli
 from icefloe.groups.model import ConsumerGroup, ConsumerMember, TopicInfo
 from icefloe.groups.store import CommittedOffset, GroupStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
+from icefloe.topics.registry import TopicRegistry
 from tests.support.storage import storage_config
 
 

@@ -6,10 +6,10 @@ import uuid
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.config.groups import GroupOptions
 from icefloe.groups import consumer
 from icefloe.groups.consumer import HeartbeatRequest, HeartbeatResult
 from icefloe.groups.model import Assignment, ClassicGroup, ConsumerGroup, MemberState, TopicInfo
-from icefloe.groups.options import GroupOptions
 
 T = uuid.UUID(int=7)
 CATALOG = {"t": TopicInfo(T, 6), "other": TopicInfo(uuid.UUID(int=8), 2)}

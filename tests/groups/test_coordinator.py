@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from icefloe.broker.cluster import Cluster
-from icefloe.broker.topics import TopicRegistry
+from icefloe.cluster import Cluster
+from icefloe.config.groups import GroupOptions
 from icefloe.groups.coordinator import GroupCoordinator, read_lease
 from icefloe.groups.model import ClassicGroup, ClassicMember, ClassicState
-from icefloe.groups.options import GroupOptions
 from icefloe.groups.store import now_ms
 from icefloe.ports.metadata import MetadataStore
 from icefloe.storage.engine import StreamStorage
+from icefloe.topics.registry import TopicRegistry
 
 TTL = 0.5
 

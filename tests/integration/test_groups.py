@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from icefloe.broker.cluster import BROKERS, BrokerInfo, rendezvous_owner
+from icefloe.cluster import BROKERS, BrokerInfo, rendezvous_owner
 from icefloe.config import load_config
 from icefloe.groups.coordinator import Lease, read_lease
 from icefloe.groups.inspect import describe_group

@@ -17,8 +17,8 @@ import pytest_asyncio
 from icefloe.ports.base import PortKind
 from icefloe.ports.catalog import Catalog, DataFile, TableInfo, TableSpec
 from icefloe.ports.object_store import ObjectStore
+from icefloe.storage.row_schema import ROW_SCHEMA
 from icefloe.tables import layout
-from icefloe.tables.schema import ROW_SCHEMA
 from icefloe.testing.catalog_contract import make_rows, parquet_bytes, rows_of
 from icefloe.testing.contract import open_backend
 

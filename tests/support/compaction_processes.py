@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.compaction.committer import TaskRecord
 from icefloe.compaction.local_engine import LocalCompactionEngine
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.keys import is_index_key
+from icefloe.topics.registry import TopicRegistry
 
 CRASH_POINTS = ("files-written", "written", "committed", "first-table", "mid-swap")
 """files-written: the Parquet files exist, the task still says 'planned';

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.config import load_config
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
+from icefloe.topics.registry import TopicRegistry
 from tests.support.broker import RunningIcefloe
 
 T = TypeVar("T")

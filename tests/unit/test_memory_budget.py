@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from icefloe.broker.memory import ByteBudget, Held, client_data_bytes
-from icefloe.broker.options import BrokerOptions
+from icefloe.config.broker import BrokerOptions
+from icefloe.config.storage import StorageOptions
 from icefloe.errors import ConfigError
-from icefloe.storage.options import StorageOptions
 
 
 async def test_a_taker_waits_until_enough_is_given_back() -> None:

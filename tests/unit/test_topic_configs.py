@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from icefloe.broker import topic_configs
-from icefloe.broker.topic_configs import AlterOp, ConfigSource, ConfigType
-from icefloe.broker.topics import TopicError
-from icefloe.storage.options import StorageOptions
+from icefloe.config.storage import StorageOptions
+from icefloe.topics import configs as topic_configs
+from icefloe.topics.configs import AlterOp, ConfigSource, ConfigType
+from icefloe.topics.registry import TopicError
 
 DEFAULTS = StorageOptions()
 

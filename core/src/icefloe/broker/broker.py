@@ -8,17 +8,17 @@ import logging
 import random
 from typing import Self
 
-from icefloe.broker.cluster import BrokerInfo, Cluster
 from icefloe.broker.memory import ByteBudget, client_data_bytes
-from icefloe.broker.options import BrokerOptions
 from icefloe.broker.server import KafkaServer
 from icefloe.broker.stalls import StallDetector
-from icefloe.broker.topics import TopicRegistry
+from icefloe.cluster import BrokerInfo, Cluster
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
+from icefloe.config.broker import BrokerOptions
 from icefloe.errors import IcefloeError
 from icefloe.groups.coordinator import GroupCoordinator
 from icefloe.storage.engine import StreamStorage
+from icefloe.topics.registry import TopicRegistry
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import asyncio
 import contextlib
 from typing import Final
 
-from icefloe.broker.options import BrokerOptions
+from icefloe.config.broker import BrokerOptions
+from icefloe.config.storage import StorageOptions
 from icefloe.errors import ConfigError
-from icefloe.storage.options import StorageOptions
 
 INDEX_ENTRY_BYTES: Final = 1100
 """Memory of one cached offset-index entry with two batches (measured with tracemalloc)."""

@@ -11,12 +11,12 @@ from typing import Any, TypeVar
 import click
 
 from icefloe import config as configuration
-from icefloe.broker.topics import TopicRegistry
-from icefloe.compaction.committer import table_name
 from icefloe.compaction.service import LEADER_KEY, Compactor, Progress
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.ports.metadata import MUST_NOT_EXIST
 from icefloe.storage.engine import StreamStorage
+from icefloe.tables import layout
+from icefloe.topics.registry import TopicRegistry
 
 T = TypeVar("T")
 
@@ -106,7 +106,7 @@ def tables(ctx: click.Context, as_json: bool) -> None:
                     {
                         "topic": topic.name,
                         "format": None,
-                        "identifier": table_name(topic.name),
+                        "identifier": layout.table_name(topic.name),
                         "location": spec.location,
                         "metadata_location": None,
                         "commit": None,

@@ -17,9 +17,9 @@ from icefloe import config as configuration
 
 if TYPE_CHECKING:
     # The storage engine and kio take a while to import: only these commands need them.
-    from icefloe.broker.topic_configs import ConfigEntry
-    from icefloe.broker.topics import Topic, TopicRegistry
     from icefloe.storage.engine import StreamStorage
+    from icefloe.topics.configs import ConfigEntry
+    from icefloe.topics.registry import Topic, TopicRegistry
 
 T = TypeVar("T")
 
@@ -46,8 +46,8 @@ def _run(
     work: Callable[[TopicRegistry, StreamStorage, configuration.Config], Awaitable[T]],
 ) -> T:
     """Open the storage, run ``work`` with a topic registry over it, close everything."""
-    from icefloe.broker.topics import TopicRegistry
     from icefloe.storage.engine import StreamStorage
+    from icefloe.topics.registry import TopicRegistry
 
     config = configuration.load_config(
         ctx.obj.get("config_path"), overrides=ctx.obj.get("overrides")
@@ -99,7 +99,7 @@ def create(ctx: click.Context, name: str, partitions: int | None, configs: dict[
     async def work(
         registry: TopicRegistry, storage: StreamStorage, config: configuration.Config
     ) -> Topic:
-        from icefloe.broker.topic_configs import validate
+        from icefloe.topics.configs import validate
 
         count = partitions or config.broker.default_partitions
         return await registry.create(name, count, validate(configs))
@@ -138,8 +138,8 @@ def describe(ctx: click.Context, name: str) -> None:
     async def work(
         registry: TopicRegistry, storage: StreamStorage, config: configuration.Config
     ) -> tuple[Topic, list[list[Any]], list[ConfigEntry]]:
-        from icefloe.broker.topic_configs import describe
-        from icefloe.broker.topics import TopicError
+        from icefloe.topics.configs import describe
+        from icefloe.topics.registry import TopicError
 
         topic = await registry.get(name)
         if topic is None:

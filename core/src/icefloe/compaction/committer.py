@@ -27,20 +27,19 @@ from typing import Any, Final
 import msgpack
 
 from icefloe.compaction.planner import Plan
-from icefloe.errors import ConflictError
+from icefloe.keyspace import COMPACTION, prefix_end
 from icefloe.ports.catalog import Catalog, DataFile, TableSpec
 from icefloe.ports.compaction import CompactionEngine, CompactionTask, StreamRange, WrittenFile
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Record
 from icefloe.ports.object_store import ObjectStore
-from icefloe.storage import counters, index, keys
-from icefloe.storage.index import IndexEntry, ParquetLocation, ProducerBatch
+from icefloe.storage import counters, keys
+from icefloe.storage.index import IndexEntry, ParquetLocation
+from icefloe.storage.offset_index import OffsetIndex
 from icefloe.tables import layout
-from icefloe.tables.schema import ROW_SCHEMA
 
 log = logging.getLogger(__name__)
 
-TASKS: Final = "compaction/tasks/"
-KEPT_PRODUCER_BATCHES: Final = 5
+TASKS: Final = COMPACTION + "tasks/"
 
 
 @dataclass
@@ -107,6 +106,7 @@ class Committer:
     def __init__(
         self,
         metadata: MetadataStore,
+        offsets: OffsetIndex,
         store: ObjectStore,
         engine: CompactionEngine,
         catalogs: Sequence[Catalog],
@@ -116,6 +116,7 @@ class Committer:
         history_retention_s: float = 3600.0,
     ) -> None:
         self._metadata = metadata
+        self._offsets = offsets
         self._store = store
         self._engine = engine
         self._catalogs = list(catalogs)
@@ -126,7 +127,7 @@ class Committer:
 
     async def unfinished(self) -> list[TaskRecord]:
         """Tasks a previous leader started and did not finish, oldest first."""
-        records = await self._metadata.scan(TASKS, TASKS[:-1] + "0")
+        records = [r async for r in self._metadata.scan_all(TASKS, prefix_end(TASKS))]
         return [TaskRecord.decode(r) for r in records]
 
     async def start(self, plan: Plan) -> TaskRecord:
@@ -197,40 +198,15 @@ class Committer:
     async def _swap(self, record: TaskRecord, stream_id: int, replaced: list[str]) -> None:
         assert record.files is not None
         file = next(f for f in record.files if f.stream_id == stream_id)
-        last_key = replaced[-1]
-        current = await self._metadata.get(last_key)
-        if current is None:
+        swapped = await self._offsets.swap(
+            replaced,
+            ParquetLocation(file.path, file.size, file.row_groups),
+            start_offset=file.start_offset,
+            min_timestamp=file.min_timestamp,
+            max_timestamp=file.max_timestamp,
+        )
+        if not swapped:
             log.warning("stream %d changed under compaction (topic deleted?); skipping", stream_id)
-            return
-        entry = index.decode(current.key, current.value)
-        if not _is_ours(entry, file):
-            replaced_entries = await self._entries(replaced)
-            value = index.encode_value(
-                record_count=file.end_offset - file.start_offset,
-                location=ParquetLocation(file.path, file.size, file.row_groups),
-                min_timestamp=file.min_timestamp,
-                max_timestamp=file.max_timestamp,
-                # When the records were written, not compacted: retention counts from it.
-                created_ms=max(e.created_ms for e in replaced_entries),
-                batches=(),
-                producers=_producer_batches(replaced_entries, file.start_offset),
-            )
-            try:
-                await self._metadata.put(last_key, value, expected_version=current.version)
-            except ConflictError:
-                log.warning("index entry %s changed during the swap; retrying later", last_key)
-                raise
-        for key in reversed(replaced[:-1]):  # last to first: no look-up ever sees a gap
-            await self._metadata.delete(key)
-
-    async def _entries(self, keys_: list[str]) -> list[IndexEntry]:
-        """The index entries still stored under ``keys_``."""
-        entries = []
-        for key in keys_:
-            record = await self._metadata.get(key)
-            if record is not None:
-                entries.append(index.decode(record.key, record.value))
-        return entries
 
     async def _save(self, record: TaskRecord) -> None:
         written = await self._metadata.put(
@@ -240,44 +216,11 @@ class Committer:
 
     def table_spec(self, topic: str) -> TableSpec:
         """The table of ``topic`` in this cluster's object store."""
-        return TableSpec(
-            namespace=self._namespace,
-            name=table_name(topic),
-            location=self._store.url(layout.table_root(self._namespace, topic)),
-            schema=ROW_SCHEMA,
-            metadata_location=self._store.url(layout.iceberg_metadata_root(self._namespace, topic)),
-        )
-
-
-def _producer_batches(entries: list[IndexEntry], start: int) -> tuple[ProducerBatch, ...]:
-    """The last few idempotent batches per producer of the replaced WAL entries."""
-    kept: dict[int, list[ProducerBatch]] = {}
-    for entry in entries:
-        for p in entry.producers:
-            moved = ProducerBatch(
-                p.producer_id,
-                p.producer_epoch,
-                p.first_sequence,
-                p.last_sequence,
-                entry.start + p.offset_delta - start,
-                p.record_count,
-            )
-            kept.setdefault(p.producer_id, []).append(moved)
-    return tuple(b for batches in kept.values() for b in batches[-KEPT_PRODUCER_BATCHES:])
-
-
-def table_name(topic: str) -> str:
-    """Table identifiers treat ``.`` as a namespace separator: topics use ``_`` instead."""
-    return topic.replace(".", "_")
+        return layout.table_spec(self._store, self._namespace, topic)
 
 
 def _entry_key(entry: IndexEntry) -> str:
     return keys.index_key(entry.stream_id, entry.end, entry.cumulative_size)
-
-
-def _is_ours(entry: IndexEntry, file: WrittenFile) -> bool:
-    location = entry.location
-    return isinstance(location, ParquetLocation) and location.key == file.path
 
 
 def describe(record: TaskRecord) -> dict[str, Any]:

@@ -13,12 +13,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from icefloe.broker.topics import Topic
-from icefloe.compaction.options import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, CompactorOptions
+from icefloe.config.compactor import CompactorOptions
 from icefloe.ports.compaction import CompactionTask, StreamRange
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.tables import layout
+from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG
+from icefloe.topics.registry import Topic
 
 
 @dataclass(frozen=True, slots=True)

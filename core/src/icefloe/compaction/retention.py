@@ -15,12 +15,11 @@ operator drops it).
 
 from __future__ import annotations
 
-from icefloe.broker.topic_configs import effective_value, split_list
-from icefloe.broker.topics import Topic
-from icefloe.storage import keys
+from icefloe.config.storage import StorageOptions
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry
-from icefloe.storage.options import StorageOptions
+from icefloe.topics.configs import effective_value, split_list
+from icefloe.topics.registry import Topic
 
 
 def expired_entries(
@@ -46,14 +45,10 @@ def expired_entries(
 
 
 async def enforce(storage: StreamStorage, topic: Topic, now_ms: int) -> int:
-    """Delete the topic's expired entries, oldest first; return how many went."""
+    """Remove the topic's expired entries, oldest first; return how many went."""
     removed = 0
     for stream_id in topic.streams:
         entries = await storage.index.scan(stream_id)
-        # Oldest first: a reader never finds a hole in the middle of the log.
-        for entry in expired_entries(entries, topic, now_ms, storage.options):
-            await storage.metadata.delete(
-                keys.index_key(stream_id, entry.end, entry.cumulative_size)
-            )
-            removed += 1
+        expired = expired_entries(entries, topic, now_ms, storage.options)
+        removed += await storage.offset_index.expire(stream_id, expired)
     return removed

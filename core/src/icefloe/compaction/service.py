@@ -15,21 +15,22 @@ from dataclasses import dataclass
 from typing import Final, Self
 
 from icefloe import config as configuration
-from icefloe.broker.topics import Topic, TopicRegistry
 from icefloe.compaction import retention
 from icefloe.compaction.committer import Committer, TaskRecord
-from icefloe.compaction.options import CompactorOptions
 from icefloe.compaction.planner import plan_task
+from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.keyspace import COMPACTION
 from icefloe.ports.base import OpenContext, PortKind
 from icefloe.ports.catalog import Catalog
 from icefloe.ports.compaction import CompactionEngine
 from icefloe.ports.metadata import MUST_NOT_EXIST
 from icefloe.storage.engine import StreamStorage
+from icefloe.topics.registry import Topic, TopicRegistry
 
 log = logging.getLogger(__name__)
 
-LEADER_KEY: Final = "compaction/leader"
+LEADER_KEY: Final = COMPACTION + "leader"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class Compactor:
         self._namespace = namespace
         self.committer = Committer(
             storage.metadata,
+            storage.offset_index,
             storage.object_store,
             engine,
             catalogs,

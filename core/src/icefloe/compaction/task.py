@@ -12,13 +12,13 @@ from collections import defaultdict
 from typing import Any
 
 from icefloe import config as configuration
-from icefloe.compaction.parquet import RowBuilder, encode_parquet
 from icefloe.errors import CorruptDataError
 from icefloe.ports.base import OpenContext, PortKind
 from icefloe.ports.compaction import CompactionTask, StreamRange, WrittenFile
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
 from icefloe.storage.batch import read_header
+from icefloe.storage.parquet import RowBuilder, encode_parquet
 
 
 async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[WrittenFile]:

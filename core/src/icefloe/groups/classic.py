@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.config.groups import GroupOptions
 from icefloe.groups.model import ClassicGroup, ClassicMember, ClassicState, Group, is_empty
-from icefloe.groups.options import GroupOptions
 
 # --- requests and outcomes ------------------------------------------------------------------
 

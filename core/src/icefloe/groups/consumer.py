@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.config.groups import GroupOptions
 from icefloe.groups.assignors import ASSIGNORS
 from icefloe.groups.model import (
     EMPTY_ASSIGNMENT,
@@ -38,7 +39,6 @@ from icefloe.groups.model import (
     TopicInfo,
     is_empty,
 )
-from icefloe.groups.options import GroupOptions
 
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2

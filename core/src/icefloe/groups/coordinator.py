@@ -37,16 +37,17 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgpack
 
+from icefloe.config.groups import GroupOptions
 from icefloe.errors import ConflictError, IcefloeError
 from icefloe.groups import classic, consumer, keys
 from icefloe.groups.model import ClassicGroup, ConsumerGroup, Group, TopicInfo
-from icefloe.groups.options import GroupOptions
 from icefloe.groups.store import GroupStore, now_ms
+from icefloe.keyspace import prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, EventKind, MetadataStore, Session, Watch
 
 if TYPE_CHECKING:
-    from icefloe.broker.cluster import Cluster
-    from icefloe.broker.topics import TopicRegistry
+    from icefloe.cluster import Cluster
+    from icefloe.topics.registry import TopicRegistry
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ class GroupCoordinator:
         self._dirty.add("")
 
     async def _rescan(self) -> None:
-        leases = await self._metadata.scan(keys.LEASES, keys.end_of(keys.LEASES))
+        leases = await self._metadata.scan(keys.LEASES, prefix_end(keys.LEASES))
         self._leased = {g for r in leases if (g := keys.group_of(r.key, keys.LEASES)) is not None}
         self._active = {s.group.group_id for s in await self.store.list() if needs_lease(s.group)}
         for group_id in list(self._held):

@@ -8,11 +8,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from icefloe.broker.topics import TopicRegistry
 from icefloe.groups.consumer_protocol import assigned_partitions
 from icefloe.groups.model import ClassicGroup, ClassicState, ConsumerGroup, Group
 from icefloe.groups.store import GroupStore
 from icefloe.storage.engine import StreamStorage
+from icefloe.topics.registry import TopicRegistry
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,12 @@ from __future__ import annotations
 from typing import Final
 from urllib.parse import quote, unquote
 
-GROUPS: Final = "groups/"
-LEASES: Final = "group-leases/"
-ALIVE: Final = "group-alive/"
-OFFSETS: Final = "group-offsets/"
+from icefloe import keyspace
+
+GROUPS: Final = keyspace.GROUPS
+LEASES: Final = keyspace.GROUP_LEASES
+ALIVE: Final = keyspace.GROUP_ALIVE
+OFFSETS: Final = keyspace.GROUP_OFFSETS
 
 
 def escape(name: str) -> str:
@@ -31,11 +33,6 @@ def escape(name: str) -> str:
 
 def unescape(component: str) -> str:
     return unquote(component)
-
-
-def end_of(prefix: str) -> str:
-    """The first key after every key starting with ``prefix`` (which ends in ``/``)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def group(group_id: str) -> str:

@@ -21,6 +21,7 @@ import msgpack
 from icefloe.errors import ConflictError, CorruptDataError
 from icefloe.groups import keys
 from icefloe.groups.model import Group, decode, encode
+from icefloe.keyspace import prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, Check, MetadataStore, Put, Record
 
 R = TypeVar("R")
@@ -111,11 +112,11 @@ class GroupStore:
             return False
         await self.delete_offsets(group_id)
         prefix = keys.alive_prefix(group_id)
-        await self._metadata.delete_range(prefix, keys.end_of(prefix))
+        await self._metadata.delete_range(prefix, prefix_end(prefix))
         return True
 
     async def list(self) -> list[Stored]:
-        records = await self._metadata.scan(keys.GROUPS, keys.end_of(keys.GROUPS))
+        records = await self._metadata.scan(keys.GROUPS, prefix_end(keys.GROUPS))
         out = []
         for record in records:
             with contextlib.suppress(CorruptDataError):
@@ -134,7 +135,7 @@ class GroupStore:
     async def liveness(self, group_id: str) -> dict[str, int]:
         """When each member was last heard from, by member id."""
         prefix = keys.alive_prefix(group_id)
-        records = await self._metadata.scan(prefix, keys.end_of(prefix))
+        records = await self._metadata.scan(prefix, prefix_end(prefix))
         return {keys.unescape(r.key[len(prefix) :]): msgpack.unpackb(r.value) for r in records}
 
     async def forget(self, group_id: str, member_ids: Iterable[str]) -> None:
@@ -173,7 +174,7 @@ class GroupStore:
         )
         out: dict[TopicPartition, CommittedOffset] = {}
         for prefix in prefixes:
-            for record in await self._metadata.scan(prefix, keys.end_of(prefix)):
+            for record in await self._metadata.scan(prefix, prefix_end(prefix)):
                 out[keys.parse_offset(record.key)] = CommittedOffset.decode(record.value)
         if topics is not None:
             wanted = {(t, p) for t, ps in topics.items() for p in ps}
@@ -185,7 +186,7 @@ class GroupStore:
     ) -> None:
         if partitions is None:
             prefix = keys.offsets_prefix(group_id)
-            await self._metadata.delete_range(prefix, keys.end_of(prefix))
+            await self._metadata.delete_range(prefix, prefix_end(prefix))
             return
         for topic, partition in partitions:
             await self._metadata.delete(keys.offset(group_id, topic, partition))

@@ -41,7 +41,7 @@ class TableSpec:
         name: Table name, derived from the topic.
         location: URL of the table root; data files live at
             ``<location>/partition=<p>/<file>.parquet``.
-        schema: Arrow schema of the rows (:data:`icefloe.tables.schema.ROW_SCHEMA`).
+        schema: Arrow schema of the rows (:data:`icefloe.storage.row_schema.ROW_SCHEMA`).
         metadata_location: URL of a folder outside the table root for formats that keep their
             metadata apart from the data (Iceberg), so that another format's maintenance
             (a Delta vacuum) never deletes it.

@@ -60,7 +60,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Self
 
@@ -72,6 +72,8 @@ MUST_NOT_EXIST: Final = -1
 
 MAX_KEY_BYTES: Final = 1024
 MAX_VALUE_BYTES: Final = 1 << 20
+SCAN_PAGE: Final = 1000
+"""Records :meth:`MetadataStore.scan_all` reads per request."""
 SEQUENCE_COMPONENT_WIDTH: Final = 20
 
 
@@ -296,6 +298,19 @@ class MetadataStore(Port):
         if start >= end:
             return []
         return await self._scan(start, end, limit)
+
+    async def scan_all(
+        self, start: str, end: str, *, page: int = SCAN_PAGE
+    ) -> AsyncIterator[Record]:
+        """Every record with ``start <= key < end``, in key order, read ``page`` at a time so
+        that a long range never sits in memory whole."""
+        while True:
+            records = await self.scan(start, end, limit=page)
+            for record in records:
+                yield record
+            if len(records) < page:
+                return
+            start = records[-1].key + "\x01"  # the least key after it (keys hold no NUL)
 
     async def floor(self, key: str) -> Record | None:
         """The record with the greatest key ``<= key``."""

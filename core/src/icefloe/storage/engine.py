@@ -25,6 +25,7 @@ from typing import Any, Self, cast
 import msgpack
 
 from icefloe import config as configuration
+from icefloe.config.storage import StorageOptions
 from icefloe.errors import NotFoundError
 from icefloe.ports.base import OpenContext, Port, PortKind
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
@@ -33,15 +34,13 @@ from icefloe.ports.wal import WAL
 from icefloe.storage import counters, keys
 from icefloe.storage.batch import Compression, read_header, split_and_validate
 from icefloe.storage.index_reader import IndexReader
-from icefloe.storage.options import StorageOptions
+from icefloe.storage.offset_index import OffsetIndex
 from icefloe.storage.orphans import OrphanCollector
 from icefloe.storage.producers import ProducerStates
 from icefloe.storage.reader import ReadResult, StreamReader
 from icefloe.storage.recent import RecentWalObjects
 from icefloe.storage.records import Record, build_batch, decode_batch
 from icefloe.storage.writer import ValidBatch, WalWriter
-
-STREAM_NAMES = "stream-names/"
 
 
 class StreamStorage:
@@ -62,9 +61,11 @@ class StreamStorage:
         self.options = options
         self._owned = list(owned)
         self.index = IndexReader(metadata, options.index_cache_entries)
+        self.offset_index = OffsetIndex(metadata, self.index)
+        """The only writer of index entries (the writer, compaction and retention use it)."""
         self._recent = RecentWalObjects(options.wal_cache_bytes)
         self.producers = ProducerStates(metadata, self.index, options.commit_deadline_s)
-        self._writer = WalWriter(wal, metadata, self.index, options, self._recent, self.producers)
+        self._writer = WalWriter(wal, self.offset_index, options, self._recent, self.producers)
         self._reader = StreamReader(wal, object_store, self.index, self._recent)
         self._orphans = OrphanCollector(wal, metadata, options.orphan_grace_s)
 
@@ -133,10 +134,22 @@ class StreamStorage:
         stream_id = await counters.increment(self.metadata, "stream-id")
         record = msgpack.packb({"name": name, "created_ms": int(time.time() * 1000)})
         await self.metadata.put(
-            STREAM_NAMES + name, str(stream_id).encode(), expected_version=MUST_NOT_EXIST
+            keys.stream_name(name), str(stream_id).encode(), expected_version=MUST_NOT_EXIST
         )
         await self.metadata.put(keys.stream_record(stream_id), record)
         return stream_id
+
+    async def delete_stream(self, stream_id: int) -> None:
+        """Delete a stream: its index, its producers' state and its records. Its WAL objects
+        are then unreferenced and collected as orphans; its Parquet files stay in the tables.
+        Deleting a stream that is gone does nothing."""
+        record = await self.metadata.get(keys.stream_record(stream_id))
+        await self.offset_index.drop(stream_id)
+        await self.producers.drop(stream_id)
+        await self.metadata.delete(keys.stream_record(stream_id))
+        if record is not None:
+            name = msgpack.unpackb(record.value, raw=False)["name"]
+            await self.metadata.delete(keys.stream_name(name))
 
     async def stream_id(self, name: str) -> int:
         """The id of the stream ``name``.
@@ -144,7 +157,7 @@ class StreamStorage:
         Raises:
             NotFoundError: no such stream.
         """
-        record = await self.metadata.get(STREAM_NAMES + name)
+        record = await self.metadata.get(keys.stream_name(name))
         if record is None:
             raise NotFoundError(f"no stream named {name!r}")
         return int(record.value)

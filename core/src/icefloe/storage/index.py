@@ -75,13 +75,17 @@ class ParquetLocation:
         return [i for i, (_, last) in enumerate(self.row_groups) if last >= offset]
 
 
+Location = WalLocation | ParquetLocation
+"""Where an entry's batches are."""
+
+
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     stream_id: int
     end: int
     cumulative_size: int
     record_count: int
-    location: WalLocation | ParquetLocation
+    location: Location
     min_timestamp: int
     max_timestamp: int
     created_ms: int

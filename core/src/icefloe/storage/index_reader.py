@@ -16,6 +16,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 
+from icefloe.keyspace import STREAMS
 from icefloe.ports.metadata import EventKind, MetadataStore, Watch, WatchEvent
 from icefloe.storage import index, keys
 from icefloe.storage.index import IndexEntry
@@ -23,6 +24,7 @@ from icefloe.storage.index import IndexEntry
 log = logging.getLogger(__name__)
 
 SCAN_PAGE = 1000
+"""Index entries read per request when walking a stream's index."""
 
 
 class _StreamCache:
@@ -75,7 +77,7 @@ class IndexReader:
         self._follower: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._watch = await self._metadata.watch(keys.STREAMS)
+        self._watch = await self._metadata.watch(STREAMS)
         self._follower = asyncio.create_task(self._follow(self._watch), name="index-notifications")
 
     async def close(self) -> None:
@@ -157,13 +159,8 @@ class IndexReader:
             keys.index_search_key(stream_id, after_end + 1),
             keys.index_range(stream_id)[1],
         )
-        while True:
-            page = await self._metadata.scan(start, last, limit=SCAN_PAGE)
-            for record in page:
-                yield index.decode(record.key, record.value)
-            if len(page) < SCAN_PAGE:
-                return
-            start = page[-1].key + "\x01"  # the least key after it (keys hold no NUL)
+        async for record in self._metadata.scan_all(start, last, page=SCAN_PAGE):
+            yield index.decode(record.key, record.value)
 
     async def scan(self, stream_id: int, after_end: int = 0) -> list[IndexEntry]:
         """:meth:`entries` as a list, for callers that need them all at once."""

@@ -1,4 +1,4 @@
-"""The metadata keyspace of stream storage, in one place.
+"""The keys of stream storage (the prefixes and their owners are in :mod:`icefloe.keyspace`).
 
 Everything about one stream lives under ``streams/<id>/`` so that adapters which shard by parent
 path keep a stream's keys together. The offset index is the sequence
@@ -11,15 +11,24 @@ from __future__ import annotations
 
 from typing import Final
 
+from icefloe.keyspace import COUNTERS, STREAM_NAMES, STREAMS, prefix_end
 from icefloe.ports.metadata import sequence_components, sequence_key, sequence_upper_bound
 
 STREAM_ID_WIDTH: Final = 12
-STREAMS: Final = "streams/"
-COUNTERS: Final = "counters/"
 
 
 def stream_dir(stream_id: int) -> str:
     return f"{STREAMS}{stream_id:0{STREAM_ID_WIDTH}d}"
+
+
+def streams_range() -> tuple[str, str]:
+    """[start, end) bounds that scan every stream's keys."""
+    return STREAMS, prefix_end(STREAMS)
+
+
+def stream_name(name: str) -> str:
+    """A stream's name, pointing to its id."""
+    return STREAM_NAMES + name
 
 
 def stream_record(stream_id: int) -> str:
@@ -63,9 +72,13 @@ def is_index_key(key: str) -> bool:
     return key.startswith(STREAMS) and "/index-" in key
 
 
+def producers_prefix(stream_id: int) -> str:
+    return f"{stream_dir(stream_id)}/producers/"
+
+
 def producer_state(stream_id: int, producer_id: int) -> str:
     """An idempotent producer's sequence state on the stream."""
-    return f"{stream_dir(stream_id)}/producers/{producer_id}"
+    return f"{producers_prefix(stream_id)}{producer_id}"
 
 
 def counter(name: str) -> str:

@@ -19,8 +19,6 @@ from icefloe.storage.index import WalLocation
 
 log = logging.getLogger(__name__)
 
-SCAN_PAGE = 1000
-
 
 class OrphanCollector:
     """Finds and deletes unreferenced WAL objects older than the grace period."""
@@ -48,14 +46,9 @@ class OrphanCollector:
     async def referenced_refs(self) -> set[str]:
         """Every WAL reference held by an index entry of any stream."""
         referenced: set[str] = set()
-        start, end = keys.STREAMS, keys.STREAMS[:-1] + chr(ord("/") + 1)
-        while True:
-            page = await self._metadata.scan(start, end, limit=SCAN_PAGE)
-            for record in page:
-                if keys.is_index_key(record.key):
-                    location = index.decode(record.key, record.value).location
-                    if isinstance(location, WalLocation):
-                        referenced.add(location.ref)
-            if len(page) < SCAN_PAGE:
-                return referenced
-            start = page[-1].key + "\x01"
+        async for record in self._metadata.scan_all(*keys.streams_range()):
+            if keys.is_index_key(record.key):
+                location = index.decode(record.key, record.value).location
+                if isinstance(location, WalLocation):
+                    referenced.add(location.ref)
+        return referenced

@@ -25,6 +25,7 @@ import msgpack
 from kio.schema.errors import ErrorCode
 
 from icefloe.errors import ConflictError, CorruptDataError
+from icefloe.keyspace import prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.storage import counters, keys
 from icefloe.storage.index_reader import IndexReader
@@ -131,6 +132,11 @@ class ProducerStates:
                 start -= PRODUCER_ID_BLOCK
                 self._ids = list(range(start + PRODUCER_ID_BLOCK - 1, start - 1, -1))
             return self._ids.pop()
+
+    async def drop(self, stream_id: int) -> None:
+        """Forget every producer's state on a stream (the stream is being deleted)."""
+        prefix = keys.producers_prefix(stream_id)
+        await self._metadata.delete_range(prefix, prefix_end(prefix))
 
     async def claim(
         self, stream_id: int, producer_id: int, epoch: int, first: int, last: int

@@ -10,8 +10,6 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from icefloe.compaction.parquet import rebuild_batches
-from icefloe.compaction.parquet_reader import ParquetRangeReader
 from icefloe.errors import CorruptDataError, IcefloeError, LostDataError, NotFoundError
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
@@ -19,6 +17,8 @@ from icefloe.storage import batch as batches
 from icefloe.storage import records
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
+from icefloe.storage.parquet import rebuild_batches
+from icefloe.storage.parquet_reader import ParquetRangeReader
 from icefloe.storage.recent import RecentWalObjects
 
 MAX_ENTRIES_PER_READ = 64

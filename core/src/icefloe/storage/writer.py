@@ -19,14 +19,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from icefloe.config.storage import StorageOptions
 from icefloe.errors import IcefloeError, UnavailableError
-from icefloe.ports.metadata import MetadataStore
 from icefloe.ports.wal import WAL
-from icefloe.storage import index, keys, walformat
+from icefloe.storage import walformat
 from icefloe.storage.index import BatchRef, IndexEntry, ProducerBatch, WalLocation
-from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.locks import KeyedLocks
-from icefloe.storage.options import StorageOptions
+from icefloe.storage.offset_index import OffsetIndex
 from icefloe.storage.producers import Claim, Duplicate, ProducerStates
 from icefloe.storage.recent import RecentWalObjects
 
@@ -78,8 +77,7 @@ class WalWriter:
     def __init__(
         self,
         wal: WAL,
-        metadata: MetadataStore,
-        index_reader: IndexReader,
+        offsets: OffsetIndex,
         options: StorageOptions,
         recent: RecentWalObjects,
         producers: ProducerStates,
@@ -87,8 +85,7 @@ class WalWriter:
         self._wal = wal
         self._producers = producers
         self._ordering = KeyedLocks()
-        self._metadata = metadata
-        self._index = index_reader
+        self._offsets = offsets
         self._options = options
         self._recent = recent
         self._flush_bytes = options.effective_flush_bytes
@@ -275,8 +272,10 @@ class WalWriter:
                 f"{self._options.commit_deadline_s}s (storage.commit_deadline_s); retry"
             )
         placement = chunk.entry
-        value = index.encode_value(
+        return await self._offsets.append(
+            placement.stream_id,
             record_count=placement.record_count,
+            size=placement.length,
             location=WalLocation(sealed.ref, placement.position, placement.length),
             min_timestamp=placement.min_timestamp,
             max_timestamp=placement.max_timestamp,
@@ -287,14 +286,6 @@ class WalWriter:
             ),
             producers=_producer_batches(appends),
         )
-        record = await self._metadata.append_sequence(
-            keys.index_sequence(placement.stream_id),
-            value,
-            (placement.record_count, placement.length),
-        )
-        entry = index.decode(record.key, record.value)
-        self._index.remember(entry)
-        return entry
 
 
 @dataclass(frozen=True, slots=True)

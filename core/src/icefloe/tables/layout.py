@@ -1,4 +1,4 @@
-"""Where a topic table's files live in the object store.
+"""What a topic table is called and where its files live in the object store.
 
 The Delta table root and the Iceberg table location are the same folder, holding the data files
 (``<root>/partition=<p>/<file>.parquet``; Delta references them by relative path). Iceberg's own
@@ -8,6 +8,10 @@ metadata goes to a folder outside that root, or a Delta vacuum would delete it.
 from __future__ import annotations
 
 from typing import Final
+
+from icefloe.ports.catalog import TableSpec
+from icefloe.ports.object_store import ObjectStore
+from icefloe.storage.row_schema import ROW_SCHEMA
 
 TABLES: Final = "tables"
 ICEBERG_METADATA: Final = "iceberg-metadata"
@@ -34,3 +38,19 @@ def relative_path(namespace: str, topic: str, key: str) -> str:
 def iceberg_metadata_root(namespace: str, topic: str) -> str:
     """Object-store key prefix of the Iceberg metadata, outside the table root."""
     return f"{ICEBERG_METADATA}/{namespace}/{topic}"
+
+
+def table_name(topic: str) -> str:
+    """Table identifiers treat ``.`` as a namespace separator: topics use ``_`` instead."""
+    return topic.replace(".", "_")
+
+
+def table_spec(store: ObjectStore, namespace: str, topic: str) -> TableSpec:
+    """The table of ``topic``: its identifier, schema, and locations in ``store``."""
+    return TableSpec(
+        namespace=namespace,
+        name=table_name(topic),
+        location=store.url(table_root(namespace, topic)),
+        schema=ROW_SCHEMA,
+        metadata_location=store.url(iceberg_metadata_root(namespace, topic)),
+    )

@@ -37,8 +37,8 @@ from icefloe.errors import AlreadyExistsError, NotFoundError
 from icefloe.ports.base import PortKind
 from icefloe.ports.catalog import Catalog, DataFile, TableSpec
 from icefloe.ports.object_store import ObjectStore
+from icefloe.storage.row_schema import PARTITION, ROW_SCHEMA
 from icefloe.tables import layout
-from icefloe.tables.schema import PARTITION, ROW_SCHEMA
 from icefloe.testing.contract import Contract, open_backend
 
 Row = tuple[int, int, bytes | None, bytes | None]

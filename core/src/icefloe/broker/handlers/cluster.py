@@ -14,9 +14,9 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.broker.cluster import client_zone
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
+from icefloe.cluster import client_zone
 
 _NO_THROTTLE = datetime.timedelta(0)
 _OPERATIONS_NOT_PROVIDED: Final = -(2**31)

@@ -1,6 +1,6 @@
 """DescribeConfigs, AlterConfigs and IncrementalAlterConfigs, for topics and brokers.
 
-Topic configs are those of :mod:`icefloe.broker.topic_configs`. A broker resource is a
+Topic configs are those of :mod:`icefloe.topics.configs`. A broker resource is a
 read-only view of the broker's settings under their Kafka names: they come from Icefloe's
 configuration file and environment, so altering them through Kafka's API is refused with
 INVALID_REQUEST, as Kafka refuses configs that cannot change at run time.
@@ -17,18 +17,18 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from pydantic import BaseModel
 
-from icefloe.broker import topic_configs
 from icefloe.broker.handlers.topics import duplicated, repeated
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
-from icefloe.broker.topic_configs import (
+from icefloe.topics import configs as topic_configs
+from icefloe.topics.configs import (
     AlterOp,
     ConfigEntry,
     ConfigSource,
     ConfigType,
     Synonym,
 )
-from icefloe.broker.topics import Topic, TopicError, validate_topic_name
+from icefloe.topics.registry import Topic, TopicError, validate_topic_name
 
 _NO_THROTTLE = datetime.timedelta(0)
 

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.broker.cluster import BrokerInfo, client_zone
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
+from icefloe.cluster import BrokerInfo, client_zone
 from icefloe.errors import IcefloeError
 from icefloe.groups import classic
 from icefloe.groups.model import ClassicGroup, ClassicState, Group, is_empty

@@ -7,10 +7,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.broker.cluster import client_zone
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
-from icefloe.broker.topics import Topic, TopicError
+from icefloe.cluster import client_zone
+from icefloe.topics.registry import Topic, TopicError
 
 _NO_THROTTLE = datetime.timedelta(0)
 _FIRST_VERSION_WITH_TOPIC_IDS = 12

@@ -2,7 +2,7 @@
 
 Icefloe partitions have no leader that could change: any broker serves any partition, so
 every partition stays at leader epoch 0 forever, and the Metadata "leader" is only the
-advisory owner that :mod:`icefloe.broker.cluster` picks for cache locality.
+advisory owner that :mod:`icefloe.cluster` picks for cache locality.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Final
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.broker.cluster import client_zone
 from icefloe.broker.server import RequestContext
+from icefloe.cluster import client_zone
 from icefloe.errors import CorruptDataError, IcefloeError, LostDataError
 from icefloe.quiet_log import QuietLog
 

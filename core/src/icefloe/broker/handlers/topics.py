@@ -23,10 +23,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.broker import topic_configs
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
-from icefloe.broker.topics import MAX_PARTITIONS, Topic, TopicError, validate_topic_name
+from icefloe.topics import configs as topic_configs
+from icefloe.topics.registry import MAX_PARTITIONS, Topic, TopicError, validate_topic_name
 
 _NO_THROTTLE = datetime.timedelta(0)
 _DEFAULT = -1

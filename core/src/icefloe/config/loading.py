@@ -29,13 +29,13 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from icefloe.broker.options import BrokerOptions
-from icefloe.compaction.options import CompactorOptions
+from icefloe.config.broker import BrokerOptions
+from icefloe.config.compactor import CompactorOptions
+from icefloe.config.groups import GroupOptions
+from icefloe.config.storage import StorageOptions
 from icefloe.errors import ConfigError, IcefloeError
-from icefloe.groups.options import GroupOptions
 from icefloe.plugins import BackendRegistry
 from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
-from icefloe.storage.options import StorageOptions
 
 ENV_PREFIX: Final = "ICEFLOE_"
 CONFIG_PATH_ENV: Final = "ICEFLOE_CONFIG"

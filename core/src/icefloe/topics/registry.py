@@ -20,13 +20,12 @@ from typing import Final
 import msgpack
 
 from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError, NotFoundError
+from icefloe.keyspace import TOPICS, prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, Watch
-from icefloe.storage import keys
 from icefloe.storage.engine import StreamStorage
 
 log = logging.getLogger(__name__)
 
-TOPICS: Final = "topics/"
 MAX_NAME_LENGTH: Final = 249
 _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_PARTITIONS: Final = 10_000
@@ -192,8 +191,7 @@ class TopicRegistry:
             ) from None
         self._forget(name)
         for stream_id in topic.streams:
-            directory = keys.stream_dir(stream_id)
-            await self._metadata.delete_range(directory + "/", directory + "0")
+            await self._storage.delete_stream(stream_id)
         return topic
 
     async def add_partitions(self, name: str, total: int) -> Topic:
@@ -266,7 +264,7 @@ class TopicRegistry:
             self._by_id.pop(old.topic_id, None)
 
     async def _reload(self) -> None:
-        records = await self._metadata.scan(TOPICS, TOPICS[:-1] + "0")
+        records = [r async for r in self._metadata.scan_all(TOPICS, prefix_end(TOPICS))]
         self._topics.clear()
         self._by_id.clear()
         for record in records:

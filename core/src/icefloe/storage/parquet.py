@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from icefloe.storage.batch import TimestampType
 from icefloe.storage.records import Record, build_batch, decode_batch
-from icefloe.tables.schema import ROW_SCHEMA
+from icefloe.storage.row_schema import ROW_SCHEMA
 
 ROW_GROUP_BYTES: Final = 1 << 20
 """Target uncompressed size of a row group: about what one fetch of a partition returns."""

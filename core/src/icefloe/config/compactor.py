@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_AGE_CONFIG = "icefloe.compaction.max.age.ms"
-MIN_BYTES_CONFIG = "icefloe.compaction.min.bytes"
-"""Topic configs that override ``max_age_s`` and ``min_bytes`` for one topic."""
-
 
 class CompactorOptions(BaseModel):
     """The planner's thresholds and the table maintenance schedule."""
@@ -23,7 +19,8 @@ class CompactorOptions(BaseModel):
     max_age_s: float = Field(default=30.0, ge=0)
     """A stream is compacted once its oldest WAL entry is this old…"""
     min_bytes: int = Field(default=64 << 20, gt=0)
-    """…or once this many WAL bytes wait, whichever comes first."""
+    """…or once this many WAL bytes wait, whichever comes first. (The topic configs
+    ``icefloe.compaction.max.age.ms`` and ``icefloe.compaction.min.bytes`` override both.)"""
     max_task_bytes: int = Field(default=256 << 20, gt=0)
     """WAL bytes one task reads at most (bounds a worker's memory)."""
     history_retention_s: float = Field(default=3600.0, gt=0)

@@ -19,9 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from icefloe.broker.topics import TopicError
-from icefloe.compaction.options import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, CompactorOptions
-from icefloe.storage.options import StorageOptions
+from icefloe.config.compactor import CompactorOptions
+from icefloe.config.storage import StorageOptions
+from icefloe.topics.registry import TopicError
+
+MAX_AGE_CONFIG: Final = "icefloe.compaction.max.age.ms"
+MIN_BYTES_CONFIG: Final = "icefloe.compaction.min.bytes"
+"""Topic configs that override ``[compactor] max_age_s`` and ``min_bytes`` for one topic."""
 
 _INT_RANGE: Final = (-(2**31), 2**31 - 1)
 _LONG_RANGE: Final = (-(2**63), 2**63 - 1)

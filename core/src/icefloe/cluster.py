@@ -21,13 +21,13 @@ from typing import Final
 import msgpack
 
 from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.keyspace import BROKERS, CLUSTER, prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Session, Watch
 from icefloe.storage import counters
 
 log = logging.getLogger(__name__)
 
-BROKERS: Final = "brokers/"
-CLUSTER_ID_KEY: Final = "cluster/id"
+CLUSTER_ID_KEY: Final = CLUSTER + "id"
 ZONE_TOKENS: Final = ("zone_id", "ws_az", "warpstream_az", "zone", "automq_az")
 """``client.id`` keys that name the client's zone (Ursa's, WarpStream's and AutoMQ's)."""
 
@@ -132,7 +132,7 @@ class Cluster:
         return rendezvous_owner(f"group/{group}", self.brokers_for(zone))
 
     async def _reload(self) -> None:
-        records = await self._metadata.scan(BROKERS, BROKERS[:-1] + "0")
+        records = await self._metadata.scan(BROKERS, prefix_end(BROKERS))
         self._live = {}
         for record in records:
             with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):

@@ -1,0 +1,158 @@
+"""The metadata keyspace: every key prefix Icefloe keeps in the metadata store, the one module
+that writes under it, and what its values hold.
+
+Each prefix has one owner. Only the owner writes keys under its prefix; other modules read
+them through the owner's API, or read the keys themselves where a reader is listed. A test
+(``tests/unit/test_keyspace.py``) checks that no other core module uses a prefix, and
+``docs/design.md`` shows this table.
+
+Prefixes are top-level (no prefix is inside another), so that a scan of one never walks
+through another, and adapters that shard by parent path keep a stream's keys together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+STREAMS: Final = "streams/"
+STREAM_NAMES: Final = "stream-names/"
+COUNTERS: Final = "counters/"
+TOPICS: Final = "topics/"
+BROKERS: Final = "brokers/"
+CLUSTER: Final = "cluster/"
+GROUPS: Final = "groups/"
+GROUP_LEASES: Final = "group-leases/"
+GROUP_ALIVE: Final = "group-alive/"
+GROUP_OFFSETS: Final = "group-offsets/"
+COMPACTION: Final = "compaction/"
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """One family of keys."""
+
+    name: str
+    """The name of the constant in this module."""
+    prefix: str
+    layout: str
+    """The keys under it, with their variable parts in angle brackets."""
+    owner: str
+    """The only module that writes under the prefix."""
+    value: str
+    """What a value holds."""
+    readers: tuple[str, ...] = ()
+    """Modules besides the owner that read these keys directly."""
+
+
+KEYSPACE: Final = (
+    Prefix(
+        "STREAMS",
+        STREAMS,
+        "streams/<stream id, 12 digits>/stream",
+        "icefloe.storage.engine",
+        "msgpack {name, created_ms}: the stream's own record",
+    ),
+    Prefix(
+        "STREAMS",
+        STREAMS,
+        "streams/<stream id>/index-<end offset, 20 digits>-<cumulative bytes, 20 digits>",
+        "icefloe.storage.offset_index",
+        "msgpack index entry: a WAL chunk or a Parquet file holding offsets [end - n, end), "
+        "its batches and idempotent-producer batches (icefloe.storage.index)",
+        readers=("icefloe.storage.index_reader", "icefloe.storage.orphans"),
+    ),
+    Prefix(
+        "STREAMS",
+        STREAMS,
+        "streams/<stream id>/producers/<producer id>",
+        "icefloe.storage.producers",
+        "msgpack claim of an idempotent producer's next sequence on the stream",
+    ),
+    Prefix(
+        "STREAM_NAMES",
+        STREAM_NAMES,
+        "stream-names/<stream name>",
+        "icefloe.storage.engine",
+        "the stream id, in decimal",
+    ),
+    Prefix(
+        "COUNTERS",
+        COUNTERS,
+        "counters/<stream-id | producer-id | node-id | table-sequence/<topic>>",
+        "icefloe.storage.counters",
+        "the counter's value, in decimal, advanced by compare-and-set",
+    ),
+    Prefix(
+        "TOPICS",
+        TOPICS,
+        "topics/<topic name>",
+        "icefloe.topics.registry",
+        "msgpack {id, streams, configs, created_ms}: a topic and its partitions' streams",
+    ),
+    Prefix(
+        "BROKERS",
+        BROKERS,
+        "brokers/<node id>",
+        "icefloe.cluster",
+        "msgpack {host, port, zone}; ephemeral: gone when the broker's session ends",
+    ),
+    Prefix(
+        "CLUSTER",
+        CLUSTER,
+        "cluster/id",
+        "icefloe.cluster",
+        "the cluster id (Kafka's, 22 characters), set once by the first broker",
+    ),
+    Prefix(
+        "GROUPS",
+        GROUPS,
+        "groups/<group id, percent-encoded>",
+        "icefloe.groups.store",
+        "msgpack group record: classic or KIP-848 state, members, assignment",
+    ),
+    Prefix(
+        "GROUP_LEASES",
+        GROUP_LEASES,
+        "group-leases/<group id>",
+        "icefloe.groups.coordinator",
+        "the node id of the broker running the group's timers; ephemeral",
+    ),
+    Prefix(
+        "GROUP_ALIVE",
+        GROUP_ALIVE,
+        "group-alive/<group id>/<member id, percent-encoded>",
+        "icefloe.groups.store",
+        "the time a member was last heard from, in milliseconds",
+    ),
+    Prefix(
+        "GROUP_OFFSETS",
+        GROUP_OFFSETS,
+        "group-offsets/<group id>/<topic, percent-encoded>/<partition, 10 digits>",
+        "icefloe.groups.store",
+        "msgpack committed offset, leader epoch, metadata and commit time",
+    ),
+    Prefix(
+        "COMPACTION",
+        COMPACTION,
+        "compaction/leader",
+        "icefloe.compaction.service",
+        "the node id of the compaction leader; ephemeral",
+    ),
+    Prefix(
+        "COMPACTION",
+        COMPACTION,
+        "compaction/tasks/<created ms, 15 digits>-<task id>",
+        "icefloe.compaction.committer",
+        "msgpack saga record of one compaction task (planned, written, committed)",
+    ),
+)
+"""Every key family, in the order ``docs/design.md`` shows them."""
+
+
+def prefix_end(prefix: str) -> str:
+    """The least key after every key that starts with ``prefix``: ``[prefix,
+    prefix_end(prefix))`` scans exactly the keys under it."""
+    if not prefix:
+        raise ValueError("the empty prefix has no end")
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)

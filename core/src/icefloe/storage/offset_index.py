@@ -1,0 +1,172 @@
+"""The offset index, written in one place: the only module that adds, replaces or removes index
+entries (``streams/<id>/index-…``; see :mod:`icefloe.keyspace`).
+
+A stream's index is the sequence of its entries in end-offset order; each entry covers the
+offsets ``[end - record_count, end)`` and says where their batches are: a chunk of a WAL object,
+or a compacted Parquet file. Four operations change it, and each keeps these invariants
+(``docs/design.md``, "Invariants"):
+
+- **append** (the WAL writer, after the WAL object is durable): the store assigns the key, end
+  offset and cumulative size atomically, so offsets strictly increase, with no gap and no
+  overlap (invariant 1), and an entry exists only for durable bytes (invariant 3).
+- **swap** (the compaction committer): consecutive entries are replaced by one Parquet entry
+  over the same offsets. It takes the key of the *last* entry it replaces (same end offset,
+  same cumulative size), then the others are deleted from the last to the first, so that a
+  look-up of any offset always finds an entry that holds it, before, during and after the
+  swap (invariant 4: consumers read the same records).
+- **expire** (retention): entries leave from the front only, oldest first, and never the last
+  one, which carries the log end offset (it never goes back).
+- **drop** (deleting a stream): every entry goes; the stream's WAL objects become orphans.
+
+Garbage collection (:mod:`icefloe.storage.orphans`) reads the index but never writes it: a WAL
+object is deleted only when no entry references it (invariant 6).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from icefloe.errors import ConflictError
+from icefloe.ports.metadata import MetadataStore
+from icefloe.storage import index, keys
+from icefloe.storage.index import IndexEntry, Location, ParquetLocation, ProducerBatch
+from icefloe.storage.index_reader import IndexReader
+
+log = logging.getLogger(__name__)
+
+KEPT_PRODUCER_BATCHES: Final = 5
+"""Idempotent batches kept per producer in a swapped entry: as many as a producer may have in
+flight, so that a retry of any of them is still recognised after compaction."""
+
+
+class OffsetIndex:
+    """Changes to every stream's offset index; see the module docstring for the invariants."""
+
+    def __init__(self, metadata: MetadataStore, reader: IndexReader) -> None:
+        self._metadata = metadata
+        self._reader = reader
+
+    async def append(
+        self,
+        stream_id: int,
+        *,
+        record_count: int,
+        size: int,
+        location: Location,
+        min_timestamp: int,
+        max_timestamp: int,
+        created_ms: int,
+        batches: tuple[index.BatchRef, ...],
+        producers: tuple[ProducerBatch, ...],
+    ) -> IndexEntry:
+        """Append the entry of ``record_count`` new records stored in ``size`` bytes at
+        ``location``; the store gives it the next offsets. Call only once the bytes are
+        durable."""
+        value = index.encode_value(
+            record_count=record_count,
+            location=location,
+            min_timestamp=min_timestamp,
+            max_timestamp=max_timestamp,
+            created_ms=created_ms,
+            batches=batches,
+            producers=producers,
+        )
+        record = await self._metadata.append_sequence(
+            keys.index_sequence(stream_id), value, (record_count, size)
+        )
+        entry = index.decode(record.key, record.value)
+        self._reader.remember(entry)
+        return entry
+
+    async def swap(
+        self,
+        replaced: Sequence[str],
+        location: ParquetLocation,
+        *,
+        start_offset: int,
+        min_timestamp: int,
+        max_timestamp: int,
+    ) -> bool:
+        """Replace the consecutive entries under the keys ``replaced`` (in offset order) by
+        one entry for the Parquet file at ``location``, which holds their offsets from
+        ``start_offset`` on. Idempotent: a swap that already happened, in whole or in part, is
+        finished.
+
+        Returns:
+            ``False`` when the last of them is gone (the stream was deleted): nothing to do.
+
+        Raises:
+            ConflictError: the last entry changed meanwhile; try again later.
+        """
+        last_key = replaced[-1]
+        current = await self._metadata.get(last_key)
+        if current is None:
+            return False
+        entry = index.decode(current.key, current.value)
+        if entry.location != location:
+            entries = await self._entries(replaced)
+            value = index.encode_value(
+                record_count=entry.end - start_offset,
+                location=location,
+                min_timestamp=min_timestamp,
+                max_timestamp=max_timestamp,
+                # When the records were written, not compacted: retention counts from it.
+                created_ms=max(e.created_ms for e in entries),
+                batches=(),
+                producers=_kept_producer_batches(entries, start_offset),
+            )
+            try:
+                await self._metadata.put(last_key, value, expected_version=current.version)
+            except ConflictError:
+                log.warning("index entry %s changed during the swap; retrying later", last_key)
+                raise
+        for key in reversed(replaced[:-1]):  # last to first: no look-up ever sees a gap
+            await self._metadata.delete(key)
+        return True
+
+    async def expire(self, stream_id: int, entries: Sequence[IndexEntry]) -> int:
+        """Remove ``entries``, which must be the first entries of the stream, oldest first;
+        the stream's last entry always stays. Returns how many were removed."""
+        removed = 0
+        last = await self._reader.last_entry(stream_id)
+        for entry in entries:
+            first = await self._reader.first_entry(stream_id)
+            if first is None or first.end != entry.end or last is None or entry.end >= last.end:
+                break  # not the front any more, or the last entry: leave the rest
+            await self._metadata.delete(keys.index_key(stream_id, entry.end, entry.cumulative_size))
+            self._reader.forget(entry)
+            removed += 1
+        return removed
+
+    async def drop(self, stream_id: int) -> None:
+        """Remove every entry of the stream."""
+        await self._metadata.delete_range(*keys.index_range(stream_id))
+
+    async def _entries(self, keys_: Sequence[str]) -> list[IndexEntry]:
+        """The entries still stored under ``keys_``."""
+        entries = []
+        for key in keys_:
+            record = await self._metadata.get(key)
+            if record is not None:
+                entries.append(index.decode(record.key, record.value))
+        return entries
+
+
+def _kept_producer_batches(entries: Sequence[IndexEntry], start: int) -> tuple[ProducerBatch, ...]:
+    """The last few idempotent batches per producer of the replaced entries, with their offset
+    deltas moved to the new entry's start."""
+    kept: dict[int, list[ProducerBatch]] = {}
+    for entry in entries:
+        for p in entry.producers:
+            moved = ProducerBatch(
+                p.producer_id,
+                p.producer_epoch,
+                p.first_sequence,
+                p.last_sequence,
+                entry.start + p.offset_delta - start,
+                p.record_count,
+            )
+            kept.setdefault(p.producer_id, []).append(moved)
+    return tuple(b for batches in kept.values() for b in batches[-KEPT_PRODUCER_BATCHES:])
