@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from icefloe.config.storage import StorageOptions
 from icefloe.topics import configs as topic_configs
@@ -20,7 +21,7 @@ def refusal(name: str, value: str | None) -> TopicError:
 
 def test_an_unknown_key_is_invalid_config_naming_the_valid_keys() -> None:
     error = refusal("retention.mss", "1")
-    assert error.code == "invalid_config"
+    assert error.error_code == ErrorCode.invalid_config
     assert "retention.mss" in str(error)
     assert "did you mean retention.ms?" in str(error)
     assert all(name in str(error) for name in topic_configs.TOPIC_CONFIGS)
@@ -28,7 +29,7 @@ def test_an_unknown_key_is_invalid_config_naming_the_valid_keys() -> None:
 
 def test_a_non_number_is_invalid_config_naming_the_key_and_the_type() -> None:
     error = refusal("retention.ms", "a week")
-    assert error.code == "invalid_config"
+    assert error.error_code == ErrorCode.invalid_config
     assert str(error) == (
         "Invalid value a week for configuration retention.ms: "
         "expected a 64-bit integer of at least -1"
@@ -36,11 +37,11 @@ def test_a_non_number_is_invalid_config_naming_the_key_and_the_type() -> None:
 
 
 def test_a_number_below_the_minimum_is_refused() -> None:
-    assert refusal("retention.ms", "-2").code == "invalid_config"
+    assert refusal("retention.ms", "-2").error_code == ErrorCode.invalid_config
 
 
 def test_an_int_config_refuses_values_beyond_32_bits() -> None:
-    assert refusal("max.message.bytes", str(2**31)).code == "invalid_config"
+    assert refusal("max.message.bytes", str(2**31)).error_code == ErrorCode.invalid_config
 
 
 def test_numbers_are_stored_trimmed() -> None:
@@ -77,7 +78,7 @@ def test_cleanup_policy_refuses_other_policies() -> None:
 
 
 def test_a_null_value_is_invalid_config() -> None:
-    assert refusal("retention.ms", None).code == "invalid_config"
+    assert refusal("retention.ms", None).error_code == ErrorCode.invalid_config
 
 
 def test_segment_settings_are_accepted_although_they_have_no_effect() -> None:
@@ -154,14 +155,14 @@ def test_incremental_subtract_removes_items() -> None:
 def test_append_and_subtract_are_refused_on_configs_that_are_not_lists(op: AlterOp) -> None:
     with pytest.raises(TopicError) as caught:
         topic_configs.alter_incrementally({}, [("retention.ms", op, "1")], DEFAULTS)
-    assert caught.value.code == "invalid_config"
+    assert caught.value.error_code == ErrorCode.invalid_config
     assert "retention.ms" in str(caught.value)
 
 
 def test_incremental_delete_of_an_unknown_key_is_invalid_config() -> None:
     with pytest.raises(TopicError) as caught:
         topic_configs.alter_incrementally({}, [("nope", AlterOp.DELETE, None)], DEFAULTS)
-    assert caught.value.code == "invalid_config"
+    assert caught.value.error_code == ErrorCode.invalid_config
 
 
 def _entry(entries: list[topic_configs.ConfigEntry], name: str) -> topic_configs.ConfigEntry:

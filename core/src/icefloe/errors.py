@@ -7,11 +7,26 @@ same call may succeed later: the broker maps retriable failures to retriable Kaf
 
 from __future__ import annotations
 
+from kio.schema.errors import ErrorCode
+
 
 class IcefloeError(Exception):
     """Base class of every error Icefloe raises on purpose."""
 
     retriable: bool = False
+
+
+class KafkaError(IcefloeError):
+    """A request refused for a reason Kafka has an error code for: ``error_code`` is what the
+    client is told, the message is the error message it gets where the protocol carries one.
+
+    Subclasses say where the refusal comes from (a record batch, a topic, a producer); a
+    handler answers any of them the same way.
+    """
+
+    def __init__(self, error_code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code
 
 
 # --- configuration and plugins --------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from kio.schema.errors import ErrorCode
 
 from icefloe import config as configuration
 
@@ -143,7 +144,7 @@ def describe(ctx: click.Context, name: str) -> None:
 
         topic = await registry.get(name)
         if topic is None:
-            raise TopicError("unknown_topic_or_partition", f"topic {name!r} does not exist")
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
         partitions = [
             [index, stream, await storage.log_start(stream), await storage.log_end(stream)]
             for index, stream in enumerate(topic.streams)

@@ -34,7 +34,7 @@ from typing import Final, NamedTuple
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
-from icefloe.errors import CorruptDataError
+from icefloe.errors import CorruptDataError, KafkaError
 
 HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 """The 61-byte v2 batch header, field by field (see the module docstring)."""
@@ -84,16 +84,12 @@ class TimestampType(enum.IntEnum):
     LOG_APPEND_TIME = 1
 
 
-class BatchError(CorruptDataError):
+class BatchError(KafkaError, CorruptDataError):
     """A record batch was rejected; ``error_code`` is the Kafka error for the produce response.
 
-    A subclass of :class:`CorruptDataError`, so code that only cares "these bytes are bad"
-    catches both stored and received corruption with one ``except``.
+    Also a :class:`CorruptDataError`, so code that only cares "these bytes are bad" catches
+    both stored and received corruption with one ``except``.
     """
-
-    def __init__(self, error_code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.error_code = error_code
 
 
 class BatchHeader(NamedTuple):

@@ -24,7 +24,7 @@ from typing import Final
 import msgpack
 from kio.schema.errors import ErrorCode
 
-from icefloe.errors import ConflictError, CorruptDataError
+from icefloe.errors import ConflictError, CorruptDataError, KafkaError
 from icefloe.keyspace import prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.storage import counters, keys
@@ -37,18 +37,17 @@ PRODUCER_ID_BLOCK: Final = 1000
 SEQUENCE_MODULUS: Final = 1 << 31
 
 
-class ProducerError(Exception):
-    """A batch the Kafka rules reject; ``code`` is the error for the produce response."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class ProducerError(KafkaError):
+    """A batch the idempotent-producer rules reject (out of order, fenced epoch, …)."""
 
 
-class ClaimPending(Exception):
-    """Another process holds a live claim on this batch; retry shortly (retriable)."""
+class ClaimPending(KafkaError):
+    """Another process holds a live claim on this batch; retry shortly (REQUEST_TIMED_OUT)."""
 
-    code = ErrorCode.request_timed_out
+    retriable = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.request_timed_out, message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from kio.schema.errors import ErrorCode
+
 from icefloe.config.compactor import CompactorOptions
 from icefloe.config.storage import StorageOptions
 from icefloe.topics.registry import TopicError
@@ -317,7 +319,7 @@ def config_key(name: str) -> ConfigKey:
         close = difflib.get_close_matches(name, TOPIC_CONFIGS, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise TopicError(
-            "invalid_config",
+            ErrorCode.invalid_config,
             f"Unknown topic config name: {name}; {hint}valid names: {', '.join(TOPIC_CONFIGS)}",
         )
     return key
@@ -331,12 +333,14 @@ def validate_value(name: str, value: str | None) -> str:
     """
     key = config_key(name)
     if value is None:
-        raise TopicError("invalid_config", f"Null value not supported for topic configs: {name}")
+        raise TopicError(
+            ErrorCode.invalid_config, f"Null value not supported for topic configs: {name}"
+        )
     try:
         return key.rule.normalise(value)
     except ValueError:
         raise TopicError(
-            "invalid_config",
+            ErrorCode.invalid_config,
             f"Invalid value {value} for configuration {name}: expected {key.rule.accepted}",
         ) from None
 
@@ -383,7 +387,8 @@ def alter_incrementally(
         if key.type is not ConfigType.LIST:
             verb = "append" if op is AlterOp.APPEND else "subtract"
             raise TopicError(
-                "invalid_config", f"Config value {verb} is not allowed for config key: {name}"
+                ErrorCode.invalid_config,
+                f"Config value {verb} is not allowed for config key: {name}",
             )
         current = split_list(effective_value(result, name, storage))
         given = split_list(validate_value(name, value))

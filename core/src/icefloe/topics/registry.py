@@ -18,8 +18,15 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 import msgpack
+from kio.schema.errors import ErrorCode
 
-from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError, NotFoundError
+from icefloe.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    IcefloeError,
+    KafkaError,
+    NotFoundError,
+)
 from icefloe.keyspace import TOPICS, prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, Watch
 from icefloe.storage.engine import StreamStorage
@@ -31,13 +38,8 @@ _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_PARTITIONS: Final = 10_000
 
 
-class TopicError(IcefloeError):
-    """A topic operation that Kafka answers with an error code (see ``code``)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        """Name of the ``kio`` ``ErrorCode`` member, e.g. ``"topic_already_exists"``."""
+class TopicError(KafkaError):
+    """A topic operation that Kafka answers with an error code."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +95,15 @@ def validate_topic_name(name: str) -> None:
         TopicError: ``invalid_topic_exception`` with the reason.
     """
     if not name or name in (".", ".."):
-        raise TopicError("invalid_topic_exception", f"topic name {name!r} is not allowed")
+        raise TopicError(ErrorCode.invalid_topic_exception, f"topic name {name!r} is not allowed")
     if len(name) > MAX_NAME_LENGTH:
         raise TopicError(
-            "invalid_topic_exception", f"topic name is longer than {MAX_NAME_LENGTH} characters"
+            ErrorCode.invalid_topic_exception,
+            f"topic name is longer than {MAX_NAME_LENGTH} characters",
         )
     if not _LEGAL_NAME.fullmatch(name):
         raise TopicError(
-            "invalid_topic_exception",
+            ErrorCode.invalid_topic_exception,
             f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'",
         )
 
@@ -161,7 +164,7 @@ class TopicRegistry:
         validate_topic_name(name)
         _check_partition_count(partitions)
         if await self.get(name) is not None:
-            raise TopicError("topic_already_exists", f"topic {name!r} already exists")
+            raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
         topic_id = uuid.uuid4()
         streams = [await self._storage.create_stream(f"{topic_id}/{p}") for p in range(partitions)]
         topic = Topic(name, topic_id, tuple(streams), dict(configs or {}), int(time.time() * 1000))
@@ -171,7 +174,9 @@ class TopicRegistry:
             )
         except AlreadyExistsError:
             # Lost a race with another broker; our streams stay empty and unreferenced.
-            raise TopicError("topic_already_exists", f"topic {name!r} already exists") from None
+            raise TopicError(
+                ErrorCode.topic_already_exists, f"topic {name!r} already exists"
+            ) from None
         topic = replace(topic, version=record.version)
         self._remember(topic)
         return topic
@@ -187,7 +192,8 @@ class TopicRegistry:
             await self._metadata.delete(TOPICS + name, expected_version=topic.version)
         except (ConflictError, NotFoundError):
             raise TopicError(
-                "unknown_topic_or_partition", f"topic {name!r} changed or was deleted meanwhile"
+                ErrorCode.unknown_topic_or_partition,
+                f"topic {name!r} changed or was deleted meanwhile",
             ) from None
         self._forget(name)
         for stream_id in topic.streams:
@@ -205,7 +211,7 @@ class TopicRegistry:
         async def grow(topic: Topic) -> Topic:
             if total <= topic.partitions:
                 raise TopicError(
-                    "invalid_partitions",
+                    ErrorCode.invalid_partitions,
                     f"topic {name!r} has {topic.partitions} partitions; "
                     "the new count must be larger",
                 )
@@ -230,7 +236,9 @@ class TopicRegistry:
         while True:
             record = await self._metadata.get(TOPICS + name) if is_legal_topic_name(name) else None
             if record is None:
-                raise TopicError("unknown_topic_or_partition", f"topic {name!r} does not exist")
+                raise TopicError(
+                    ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
+                )
             topic = Topic.decode(name, record.value, record.version)
             new = await change(topic)
             try:
@@ -246,7 +254,7 @@ class TopicRegistry:
     async def _require(self, name: str) -> Topic:
         topic = await self.get(name)
         if topic is None:
-            raise TopicError("unknown_topic_or_partition", f"topic {name!r} does not exist")
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
         return topic
 
     def _remember(self, topic: Topic) -> None:
@@ -289,6 +297,6 @@ class TopicRegistry:
 def _check_partition_count(partitions: int) -> None:
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise TopicError(
-            "invalid_partitions",
+            ErrorCode.invalid_partitions,
             f"a topic needs between 1 and {MAX_PARTITIONS} partitions, got {partitions}",
         )

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from icefloe.broker.handlers.topics import duplicated, repeated
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
+from icefloe.errors import KafkaError
 from icefloe.topics import configs as topic_configs
 from icefloe.topics.configs import (
     AlterOp,
@@ -40,12 +41,8 @@ class ResourceType(enum.IntEnum):
     BROKER = 4
 
 
-class _Refused(Exception):
-    """A resource answered with an error; ``code`` names the kio ``ErrorCode`` member."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class _Refused(KafkaError):
+    """A resource answered with an error."""
 
 
 def _resource_type(value: int) -> ResourceType:
@@ -53,7 +50,7 @@ def _resource_type(value: int) -> ResourceType:
         return ResourceType(value)
     except ValueError:
         raise _Refused(
-            "invalid_request", f"Icefloe has no configs for resources of type {value}"
+            ErrorCode.invalid_request, f"Icefloe has no configs for resources of type {value}"
         ) from None
 
 
@@ -61,7 +58,7 @@ async def _topic(ctx: RequestContext, name: str) -> Topic:
     validate_topic_name(name)
     topic = await ctx.broker.topics.get(name)
     if topic is None:
-        raise TopicError("unknown_topic_or_partition", f"topic {name!r} does not exist")
+        raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
     return topic
 
 
@@ -86,7 +83,7 @@ async def _describe_resource(
     try:
         entries = await _entries(ctx, resource.resource_type, resource.resource_name)
     except (TopicError, _Refused) as exc:
-        code, message, entries = ErrorCode[exc.code], str(exc), []
+        code, message, entries = exc.error_code, str(exc), []
     if resource.configuration_keys is not None:  # null means every config
         entries = [e for e in entries if e.name in resource.configuration_keys]
     return make(
@@ -114,7 +111,7 @@ def _check_own_id(ctx: RequestContext, name: str) -> None:
     own = ctx.broker.me.node_id
     if name != str(own):
         raise _Refused(
-            "invalid_request",
+            ErrorCode.invalid_request,
             f"Unexpected broker id, expected {own} or empty string, but received {name}",
         )
 
@@ -259,7 +256,7 @@ def _operation(value: int) -> AlterOp:
     try:
         return AlterOp(value)
     except ValueError:
-        raise _Refused("invalid_request", f"unknown config operation {value}") from None
+        raise _Refused(ErrorCode.invalid_request, f"unknown config operation {value}") from None
 
 
 async def _alter_all(
@@ -300,7 +297,7 @@ async def _alter(
             # TopicRegistry.set_configs replaces the whole set.
             await ctx.broker.topics.set_configs(topic.name, configs)
     except (TopicError, _Refused) as exc:
-        return ErrorCode[exc.code], str(exc)
+        return exc.error_code, str(exc)
     return ErrorCode.none, None
 
 
@@ -308,7 +305,8 @@ def _check_unique_keys(configs: Sequence[Any]) -> None:
     twice = duplicated(c.name for c in configs)
     if twice:
         raise _Refused(
-            "invalid_request", f"Error due to duplicate config keys: {', '.join(sorted(twice))}"
+            ErrorCode.invalid_request,
+            f"Error due to duplicate config keys: {', '.join(sorted(twice))}",
         )
 
 
@@ -316,7 +314,7 @@ def _refuse_broker_change(configs: Sequence[Any]) -> None:
     if configs:
         names = ", ".join(c.name for c in configs)
         raise _Refused(
-            "invalid_request",
+            ErrorCode.invalid_request,
             f"Cannot update these configs dynamically: {names}; broker settings come from "
             "Icefloe's configuration file and environment (see `icefloe config show`)",
         )

@@ -72,7 +72,7 @@ async def _auto_create(ctx: RequestContext, name: str) -> Topic | None:
     try:
         return await ctx.broker.topics.create(name, ctx.broker.options.default_partitions)
     except TopicError as exc:
-        if exc.code == "topic_already_exists":
+        if exc.error_code is ErrorCode.topic_already_exists:
             return await ctx.broker.topics.get(name)
         return None
 

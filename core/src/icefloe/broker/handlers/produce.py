@@ -25,10 +25,8 @@ from kio.schema.errors import ErrorCode
 from icefloe.broker.handlers import partitions
 from icefloe.broker.protocol import make
 from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
-from icefloe.errors import IcefloeError
+from icefloe.errors import IcefloeError, KafkaError
 from icefloe.storage import batch
-from icefloe.storage.batch import BatchError
-from icefloe.storage.producers import ClaimPending, ProducerError
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +45,6 @@ TRANSACTIONS_UNSUPPORTED: Final = (
     "transactions are not supported yet: produce without a transactional.id "
     "(idempotent producers are supported)"
 )
-
-_WRITE_ERRORS = (IcefloeError, ProducerError, ClaimPending)
-"""What submitting or committing a batch raises for a reason the client must hear about."""
 
 
 @dataclass(eq=False)
@@ -129,7 +124,7 @@ async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> No
     else:
         try:
             target.pending = await ctx.broker.storage.submit_batches(stream_id, records)
-        except _WRITE_ERRORS as exc:
+        except IcefloeError as exc:
             target.fail(*_write_error(exc))
 
 
@@ -139,7 +134,7 @@ async def _complete(target: _Partition) -> None:
         return
     try:
         target.base_offset = await target.pending
-    except _WRITE_ERRORS as exc:
+    except IcefloeError as exc:
         target.fail(*_write_error(exc))
 
 
@@ -169,13 +164,11 @@ def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> A
     )
 
 
-def _write_error(exc: Exception) -> tuple[ErrorCode, str]:
+def _write_error(exc: IcefloeError) -> tuple[ErrorCode, str]:
     """The partition error for a batch the writer refused or could not commit."""
-    if isinstance(exc, BatchError):
+    if isinstance(exc, KafkaError):
         return exc.error_code, str(exc)
-    if isinstance(exc, ProducerError | ClaimPending):
-        return exc.code, str(exc)
-    if isinstance(exc, IcefloeError) and exc.retriable:
+    if exc.retriable:
         # Every client retries REQUEST_TIMED_OUT, and it claims no more than we know: a
         # commit that failed half-way may or may not be visible (an idempotent retry is safe).
         return ErrorCode.request_timed_out, f"the write did not complete: {exc}; retry"

@@ -45,7 +45,7 @@ def repeated(what: str) -> tuple[ErrorCode, str | None]:
 
 
 def _error(exc: TopicError) -> tuple[ErrorCode, str | None]:
-    return ErrorCode[exc.code], str(exc)
+    return exc.error_code, str(exc)
 
 
 # --- CreateTopics ----------------------------------------------------------------------------
@@ -81,7 +81,9 @@ async def _create_one(ctx: RequestContext, module: Any, wanted: Any, validate_on
         new = _plan(ctx, wanted)
         if validate_only:
             if await registry.get(new.name) is not None:
-                raise TopicError("topic_already_exists", f"topic {new.name!r} already exists")
+                raise TopicError(
+                    ErrorCode.topic_already_exists, f"topic {new.name!r} already exists"
+                )
             topic_id = None
         else:
             topic_id = (await registry.create(new.name, new.partitions, new.configs)).topic_id
@@ -108,7 +110,7 @@ def _partition_count(ctx: RequestContext, wanted: Any) -> int:
     count = _assigned_count(wanted) if wanted.assignments else _asked_count(ctx, wanted)
     if not 1 <= count <= MAX_PARTITIONS:
         raise TopicError(
-            "invalid_partitions",
+            ErrorCode.invalid_partitions,
             f"a topic needs between 1 and {MAX_PARTITIONS} partitions, got {count}",
         )
     return count
@@ -118,13 +120,13 @@ def _assigned_count(wanted: Any) -> int:
     """The partition count of a manual assignment (the brokers named in it do not matter)."""
     if wanted.num_partitions != _DEFAULT or wanted.replication_factor != _DEFAULT:
         raise TopicError(
-            "invalid_request",
+            ErrorCode.invalid_request,
             "num_partitions and replication_factor must be -1 when assignments are given",
         )
     indexes = sorted(a.partition_index for a in wanted.assignments)
     if indexes != list(range(len(indexes))):
         raise TopicError(
-            "invalid_replica_assignment",
+            ErrorCode.invalid_replica_assignment,
             f"assigned partitions must be numbered 0 to {len(indexes) - 1}, got {indexes}",
         )
     return len(indexes)
@@ -133,7 +135,7 @@ def _assigned_count(wanted: Any) -> int:
 def _asked_count(ctx: RequestContext, wanted: Any) -> int:
     if wanted.replication_factor == 0 or wanted.replication_factor < _DEFAULT:
         raise TopicError(
-            "invalid_replication_factor",
+            ErrorCode.invalid_replication_factor,
             "Replication factor must be larger than 0, or -1 to use the default value.",
         )
     if wanted.num_partitions == _DEFAULT:
@@ -146,7 +148,7 @@ def _unique_configs(configs: Iterable[Any]) -> list[Any]:
     twice = duplicated(c.name for c in listed)
     if twice:
         raise TopicError(
-            "invalid_request", f"configs given more than once: {', '.join(sorted(twice))}"
+            ErrorCode.invalid_request, f"configs given more than once: {', '.join(sorted(twice))}"
         )
     return listed
 
@@ -279,7 +281,9 @@ async def _grow(
     try:
         topic = await registry.get(wanted.name)
         if topic is None:
-            raise TopicError("unknown_topic_or_partition", f"topic {wanted.name!r} does not exist")
+            raise TopicError(
+                ErrorCode.unknown_topic_or_partition, f"topic {wanted.name!r} does not exist"
+            )
         _check_growth(topic, wanted)
         if not validate_only:
             # The registry checks the count again against the stored topic, so a concurrent
@@ -294,18 +298,22 @@ def _check_growth(topic: Topic, wanted: Any) -> None:
     """Kafka's checks of a new partition count, with Kafka's messages."""
     if wanted.count < topic.partitions:
         raise TopicError(
-            "invalid_partitions",
+            ErrorCode.invalid_partitions,
             f"Topic currently has {topic.partitions} partitions, which is higher than the "
             f"requested {wanted.count}.",
         )
     if wanted.count == topic.partitions:
-        raise TopicError("invalid_partitions", f"Topic already has {topic.partitions} partitions.")
+        raise TopicError(
+            ErrorCode.invalid_partitions, f"Topic already has {topic.partitions} partitions."
+        )
     if wanted.count > MAX_PARTITIONS:
-        raise TopicError("invalid_partitions", f"a topic has at most {MAX_PARTITIONS} partitions")
+        raise TopicError(
+            ErrorCode.invalid_partitions, f"a topic has at most {MAX_PARTITIONS} partitions"
+        )
     added = wanted.count - topic.partitions
     if wanted.assignments is not None and len(wanted.assignments) != added:
         raise TopicError(
-            "invalid_replica_assignment",
+            ErrorCode.invalid_replica_assignment,
             f"Increasing the number of partitions by {added} but "
             f"{len(wanted.assignments)} assignments provided.",
         )
