@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import io
+import pkgutil
 import struct
 from collections.abc import Hashable
 from typing import Any, Final, TypeVar, cast
@@ -118,11 +120,38 @@ def _field_names(cls: Any) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
+@functools.cache
+def _field_names_in_any_version(cls: Any) -> frozenset[str]:
+    """The fields of every version of the entity ``cls`` is one version of.
+
+    kio keeps each version in a module of its own (``kio.schema.fetch.v12.response``); the
+    same entity of another version has the same class name in its sibling module.
+    """
+    versions_package, _, kind = cls.__module__.rsplit(".", 2)
+    package = importlib.import_module(versions_package)
+    names: set[str] = set()
+    for version in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{versions_package}.{version.name}.{kind}")
+        entity = getattr(module, cls.__name__, None)
+        if entity is not None:
+            names |= _field_names(entity)
+    return frozenset(names)
+
+
 def make(cls: type[T], **values: Any) -> T:
     """Build a kio entity, ignoring values for fields this version does not have.
 
     Handlers serve many versions of an API with one piece of code: they pass every value any
-    version needs, and each version's class takes the ones it declares.
+    version needs, and each version's class takes the ones it declares. A name that no version
+    declares is a mistake, not a field of another version.
+
+    Raises:
+        TypeError: a value names a field that no version of the entity has.
     """
     names = _field_names(cast(Hashable, cls))
+    unknown = values.keys() - names
+    if unknown:
+        misspelled = unknown - _field_names_in_any_version(cast(Hashable, cls))
+        if misspelled:
+            raise TypeError(f"{cls.__name__} has no field {sorted(misspelled)} in any version")
     return cls(**{k: v for k, v in values.items() if k in names})
