@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from icefloe.config import load_config, resolve_one
-from icefloe.ports.base import OpenContext, PortKind
+from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectStore, RequestKind
 from icefloe.storage.parquet import RowBuilder, encode_parquet
 from icefloe.storage.parquet_reader import ParquetRangeReader
@@ -31,7 +31,7 @@ def many_row_groups() -> bytes:
 
 async def open_store(tmp_path: Path) -> ObjectStore:
     config = load_config(env={}, overrides={"data_dir": str(tmp_path)})
-    store = await resolve_one(config, PortKind.OBJECT_STORE).open(OpenContext(tmp_path))
+    store = await resolve_one(config, ObjectStore).open(OpenContext(tmp_path))
     assert isinstance(store, ObjectStore)
     return store
 

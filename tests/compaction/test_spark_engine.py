@@ -162,7 +162,7 @@ async def test_a_compactor_on_spark_leaves_what_consumers_read_unchanged(
     shared_spark: SparkCompactionEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = spark_config(tmp_path)
-    assert configuration.resolve_one(config, PortKind.COMPACTION).cls is SparkCompactionEngine
+    assert configuration.resolve_one(config, CompactionEngine).cls is SparkCompactionEngine
     jobs: list[int] = []
     collect = SparkCompactionEngine._collect
 
@@ -361,7 +361,7 @@ def test_the_options_come_from_the_config_file_and_environment(tmp_path: Path) -
         )
     )
     config = load_config(path, env={"ICEFLOE_COMPACTION__SPARK__APP_NAME": "icefloe-prod"})
-    options: Any = configuration.resolve_one(config, PortKind.COMPACTION).options
+    options: Any = configuration.resolve_one(config, CompactionEngine).options
     assert (options.master, options.app_name, options.conf) == (
         "spark://spark-master:7077",
         "icefloe-prod",

@@ -64,12 +64,13 @@ def test_listing_and_resolving_the_backend_imports_no_sdk(name: str) -> None:
     script = (
         "import sys\n"
         "from icefloe.config import load_config, resolve_one\n"
+        "from icefloe.ports import ObjectStore\n"
         "from icefloe.plugins import BackendRegistry\n"
         "from icefloe.ports.base import PortKind\n"
         "BackendRegistry().installed()\n"
         f"config = load_config(env={{}}, overrides={{'object_store': {{'backend': {name!r}, "
         f"{name!r}: {{{required!r}: 'some-bucket'}}}}}})\n"
-        "resolve_one(config, PortKind.OBJECT_STORE)\n"
+        "resolve_one(config, ObjectStore)\n"
         f"assert {sdk!r} not in sys.modules, 'the SDK was imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

@@ -13,6 +13,7 @@ from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
 from icefloe.errors import BackendNotInstalledError, ConfigError
 from icefloe.plugins import BackendRegistry, get_plugin_manager, hookimpl
 from icefloe.plugins.spec import BackendSpec
+from icefloe.ports import WAL, Catalog, CompactionEngine, MetadataStore
 from icefloe.ports.base import BackendOptions, PortKind
 
 
@@ -60,7 +61,7 @@ def test_config_file_named_by_environment_is_read(tmp_path: Path) -> None:
 
 def test_resolve_validates_backend_options() -> None:
     config = load_config(env={"ICEFLOE_METADATA__SQLITE__POLL_INTERVAL": "0.5"})
-    backend = resolve_one(config, PortKind.METADATA)
+    backend = resolve_one(config, MetadataStore)
     assert backend.name == "sqlite"
     assert backend.options.poll_interval == 0.5  # type: ignore[attr-defined]
 
@@ -74,7 +75,7 @@ def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
 def test_unknown_backend_lists_the_valid_choices() -> None:
     config = load_config(env={"ICEFLOE_METADATA__BACKEND": "etx"})
     with pytest.raises(ConfigError) as exc:
-        resolve(config, PortKind.METADATA)
+        resolve(config, MetadataStore)
     message = one_line(exc)
     assert "'etx'" in message
     assert "etcd, oxia, sqlite" in message
@@ -84,7 +85,7 @@ def test_unknown_backend_lists_the_valid_choices() -> None:
 def test_known_backend_not_installed_gives_the_pip_install() -> None:
     config = load_config(env={"ICEFLOE_WAL__BACKEND": "bookkeeper"})
     with pytest.raises(BackendNotInstalledError) as exc:
-        resolve(config, PortKind.WAL)
+        resolve(config, WAL)
     assert "pip install icefloe-wal-bookkeeper" in one_line(exc)
 
 
@@ -99,7 +100,7 @@ def test_unknown_top_level_key_is_named_with_a_suggestion(tmp_path: Path) -> Non
 def test_unknown_backend_option_names_the_key_and_valid_options() -> None:
     config = load_config(env={"ICEFLOE_METADATA__SQLITE__POLL_INTERVALL": "1"})
     with pytest.raises(ConfigError) as exc:
-        resolve(config, PortKind.METADATA)
+        resolve(config, MetadataStore)
     message = one_line(exc)
     assert "metadata.sqlite.poll_intervall" in message
     assert "did you mean 'poll_interval'" in message
@@ -108,7 +109,7 @@ def test_unknown_backend_option_names_the_key_and_valid_options() -> None:
 def test_wrong_type_names_the_key_the_value_and_where_to_set_it(tmp_path: Path) -> None:
     path = write(tmp_path, '[metadata.sqlite]\npoll_interval = "fast"\n')
     with pytest.raises(ConfigError) as exc:
-        resolve(load_config(path, env={}), PortKind.METADATA)
+        resolve(load_config(path, env={}), MetadataStore)
     message = one_line(exc)
     assert "metadata.sqlite.poll_interval" in message
     assert "'fast'" in message
@@ -126,7 +127,7 @@ def test_wrong_type_of_a_core_key_is_reported(tmp_path: Path) -> None:
 def test_options_table_for_an_unknown_backend_is_rejected(tmp_path: Path) -> None:
     path = write(tmp_path, '[metadata.zookeeper]\nhosts = "x"\n')
     with pytest.raises(ConfigError) as exc:
-        resolve(load_config(path, env={}), PortKind.METADATA)
+        resolve(load_config(path, env={}), MetadataStore)
     message = one_line(exc)
     assert "[metadata.zookeeper]" in message
     assert "sqlite" in message
@@ -153,23 +154,23 @@ def test_missing_config_file_is_reported(tmp_path: Path) -> None:
 
 def test_tables_default_to_every_installed_format() -> None:
     installed = {b.name for b in BackendRegistry().installed(PortKind.TABLE)}
-    chosen = {b.name for b in resolve(load_config(env={}), PortKind.TABLE)}
+    chosen = {b.name for b in resolve(load_config(env={}), Catalog)}
     assert chosen == installed
 
 
 def test_tables_can_be_switched_off() -> None:
-    assert resolve(load_config(env={"ICEFLOE_TABLES__FORMATS": "[]"}), PortKind.TABLE) == []
+    assert resolve(load_config(env={"ICEFLOE_TABLES__FORMATS": "[]"}), Catalog) == []
 
 
 def test_compaction_runs_in_process_by_default() -> None:
-    assert resolve_one(load_config(env={}), PortKind.COMPACTION).name == "local"
+    assert resolve_one(load_config(env={}), CompactionEngine).name == "local"
 
 
 def test_compaction_can_be_switched_off() -> None:
     config = load_config(env={"ICEFLOE_COMPACTION__BACKEND": ""})
-    assert resolve(config, PortKind.COMPACTION) == []
+    assert resolve(config, CompactionEngine) == []
     with pytest.raises(ConfigError, match="ICEFLOE_COMPACTION__BACKEND"):
-        resolve_one(config, PortKind.COMPACTION)
+        resolve_one(config, CompactionEngine)
 
 
 class SecretOptions(BackendOptions):

@@ -14,7 +14,7 @@ import tomli_w
 from icefloe import config as configuration
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.plugins import BackendRegistry
-from icefloe.ports.base import PortKind
+from icefloe.ports import PORTS, WAL, MetadataStore, ObjectStore, PortKind
 
 _KIND_CHOICES = click.Choice([kind.value for kind in PortKind])
 
@@ -85,9 +85,9 @@ def config_check(ctx: click.Context) -> None:
     config = _load(ctx)
     registry = BackendRegistry()
     problems = []
-    for kind in PortKind:
+    for kind, port in PORTS.items():
         try:
-            chosen = configuration.resolve(config, kind, registry)
+            chosen = configuration.resolve(config, port, registry)
             names = ", ".join(b.name for b in chosen) or "(none)"
             click.echo(f"{kind.value}: {names}")
         except IcefloeError as exc:
@@ -200,7 +200,7 @@ def serve(ctx: click.Context, data_dir: str | None, port: int | None, brokers: i
     if port is not None:
         overrides["broker"] = {"port": port}
     config = configuration.load_config(ctx.obj.get("config_path"), overrides=overrides)
-    for kind in (PortKind.METADATA, PortKind.OBJECT_STORE, PortKind.WAL):
-        configuration.resolve_one(config, kind)  # fail now, with the fix, not in a child
+    for needed in (MetadataStore, ObjectStore, WAL):
+        configuration.resolve_one(config, needed)  # fail now, with the fix, not in a child
     client_data_bytes(config.broker, config.storage)  # the memory budget must fit its parts
     return run(config, brokers)

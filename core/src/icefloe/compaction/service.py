@@ -21,7 +21,7 @@ from icefloe.compaction.planner import plan_task
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION
-from icefloe.ports.base import OpenContext, PortKind
+from icefloe.ports.base import OpenContext
 from icefloe.ports.catalog import Catalog
 from icefloe.ports.compaction import CompactionEngine
 from icefloe.ports.metadata import MUST_NOT_EXIST
@@ -83,15 +83,15 @@ class Compactor:
             wal=storage.wal,
             config=config,
         )
-        engine = await configuration.resolve_one(config, PortKind.COMPACTION).open(context)
+        engine = await configuration.resolve_one(config, CompactionEngine).open(context)
         catalogs = [
-            await backend.open(context) for backend in configuration.resolve(config, PortKind.TABLE)
+            await backend.open(context) for backend in configuration.resolve(config, Catalog)
         ]
         return cls(
             storage,
             topics,
-            engine,  # type: ignore[arg-type]
-            catalogs,  # type: ignore[arg-type]
+            engine,
+            catalogs,
             config.compactor,
             config.tables.namespace,
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 from icefloe import config as configuration
 from icefloe.errors import CorruptDataError
-from icefloe.ports.base import OpenContext, PortKind
+from icefloe.ports.base import OpenContext
 from icefloe.ports.compaction import CompactionTask, StreamRange, WrittenFile
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
@@ -84,12 +84,12 @@ def run_task_in_worker(config: configuration.Config, task: CompactionTask) -> li
 
     async def main() -> list[WrittenFile]:
         context = OpenContext(data_dir=config.data_dir)
-        store = await configuration.resolve_one(config, PortKind.OBJECT_STORE).open(context)
+        store = await configuration.resolve_one(config, ObjectStore).open(context)
         try:
-            wal_context = OpenContext(data_dir=config.data_dir, object_store=store)  # type: ignore[arg-type]
-            wal = await configuration.resolve_one(config, PortKind.WAL).open(wal_context)
+            wal_context = OpenContext(data_dir=config.data_dir, object_store=store)
+            wal = await configuration.resolve_one(config, WAL).open(wal_context)
             try:
-                return await execute(task, wal, store)  # type: ignore[arg-type]
+                return await execute(task, wal, store)
             finally:
                 await wal.close()
         finally:

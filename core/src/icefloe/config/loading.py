@@ -25,7 +25,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -33,8 +33,9 @@ from icefloe.config.broker import BrokerOptions
 from icefloe.config.compactor import CompactorOptions
 from icefloe.config.groups import GroupOptions
 from icefloe.config.storage import StorageOptions
-from icefloe.errors import ConfigError, IcefloeError
+from icefloe.errors import ConfigError, IcefloeError, PluginError
 from icefloe.plugins import BackendRegistry
+from icefloe.ports import PORTS
 from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
 
 ENV_PREFIX: Final = "ICEFLOE_"
@@ -124,16 +125,24 @@ class Config(BaseModel):
         return section
 
 
+P = TypeVar("P", bound=Port)
+
+
 @dataclass(frozen=True)
-class ResolvedBackend:
+class ResolvedBackend(Generic[P]):
     """A selected backend with its class and validated options."""
 
-    kind: PortKind
+    port: type[P]
+    """The port it implements (:class:`~icefloe.ports.metadata.MetadataStore`, …)."""
     name: str
-    cls: type[Port]
+    cls: type[P]
     options: BackendOptions
 
-    async def open(self, context: OpenContext) -> Port:
+    @property
+    def kind(self) -> PortKind:
+        return self.port.kind
+
+    async def open(self, context: OpenContext) -> P:
         return await self.cls.open(self.options, context)
 
 
@@ -279,17 +288,23 @@ def _check_section_shapes(config: Config) -> None:
 
 
 def resolve(
-    config: Config, kind: PortKind, registry: BackendRegistry | None = None
-) -> list[ResolvedBackend]:
-    """Validate the backend(s) selected for ``kind`` and their options.
+    config: Config, port: type[P], registry: BackendRegistry | None = None
+) -> list[ResolvedBackend[P]]:
+    """Validate the backend(s) selected for ``port`` and their options.
 
-    Returns one backend for single-backend ports, one per enabled format for tables.
+    Args:
+        port: The port class, e.g. ``MetadataStore``: the backends come back typed as it.
+
+    Returns:
+        One backend for single-backend ports, one per enabled format for tables.
 
     Raises:
         ConfigError: unknown backend name (lists the valid ones) or invalid option.
         BackendNotInstalledError: a known backend whose plugin is missing (gives the
             ``pip install``).
+        PluginError: the plugin's class does not implement ``port``.
     """
+    kind = port.kind
     registry = registry or BackendRegistry()
     section = config.section(kind)
     valid = registry.names(kind)
@@ -317,23 +332,26 @@ def resolve(
                 f"{ENV_PREFIX}{kind.value.upper()}__{setting.upper()})"
             )
         cls = registry.get(kind, name).load()
+        if not issubclass(cls, port):
+            raise PluginError(f"backend {kind}/{name}: {cls.__name__} is not a {port.__name__}")
         resolved.append(
-            ResolvedBackend(kind, name, cls, _validate_options(kind, name, cls, section))
+            ResolvedBackend(port, name, cls, _validate_options(kind, name, cls, section))
         )
     return resolved
 
 
 def resolve_one(
-    config: Config, kind: PortKind, registry: BackendRegistry | None = None
-) -> ResolvedBackend:
+    config: Config, port: type[P], registry: BackendRegistry | None = None
+) -> ResolvedBackend[P]:
     """The single backend of a single-backend port.
 
     Raises:
         ConfigError: also when the port is switched off (no backend selected).
     """
+    kind = port.kind
     if kind not in _SINGLE_BACKEND_PORTS:
         raise ValueError(f"{kind} may have several backends; use resolve()")
-    chosen = resolve(config, kind, registry)
+    chosen = resolve(config, port, registry)
     if not chosen:
         raise ConfigError(
             f"no {kind.value} backend is selected: set [{kind.value}] backend or "
@@ -371,14 +389,14 @@ def masked(config: Config, registry: BackendRegistry | None = None) -> dict[str,
     """
     data = config.model_dump(mode="json")
     registry = registry or BackendRegistry()
-    for kind in PortKind:
+    for port in PORTS.values():
         try:
-            backends = resolve(config, kind, registry)
+            backends = resolve(config, port, registry)
         except IcefloeError:
             continue  # shown as configured; `config check` reports the error
         for backend in backends:
             # SecretStr fields serialise as asterisks in JSON mode.
-            data[kind.value][backend.name] = backend.options.model_dump(mode="json")
+            data[backend.kind.value][backend.name] = backend.options.model_dump(mode="json")
     masked_data: dict[str, Any] = _mask_secret_like(data)
     return masked_data
 

@@ -22,8 +22,18 @@ from icefloe.ports.metadata import (
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind, RequestStats
 from icefloe.ports.wal import WAL, WalObjectInfo
 
+PORTS: dict[PortKind, type[Port]] = {
+    PortKind.METADATA: MetadataStore,
+    PortKind.OBJECT_STORE: ObjectStore,
+    PortKind.WAL: WAL,
+    PortKind.TABLE: Catalog,
+    PortKind.COMPACTION: CompactionEngine,
+}
+"""Each port's class, by kind."""
+
 __all__ = [
     "MUST_NOT_EXIST",
+    "PORTS",
     "WAL",
     "BackendOptions",
     "Catalog",

@@ -20,14 +20,14 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar
 
 import msgpack
 
 from icefloe import config as configuration
 from icefloe.config.storage import StorageOptions
 from icefloe.errors import NotFoundError
-from icefloe.ports.base import OpenContext, Port, PortKind
+from icefloe.ports.base import OpenContext, Port
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
@@ -41,6 +41,8 @@ from icefloe.storage.reader import ReadResult, StreamReader
 from icefloe.storage.recent import RecentWalObjects
 from icefloe.storage.records import Record, build_batch, decode_batch
 from icefloe.storage.writer import ValidBatch, WalWriter
+
+P = TypeVar("P", bound=Port)
 
 
 class StreamStorage:
@@ -87,17 +89,11 @@ class StreamStorage:
         opened: list[Port] = []
         try:
             context = OpenContext(data_dir=Path(config.data_dir))
-            metadata = await _open(config, PortKind.METADATA, context, opened)
-            store = await _open(config, PortKind.OBJECT_STORE, context, opened)
-            context = OpenContext(data_dir=context.data_dir, object_store=cast(ObjectStore, store))
-            wal = await _open(config, PortKind.WAL, context, opened)
-            storage = cls(
-                cast(MetadataStore, metadata),
-                cast(ObjectStore, store),
-                cast(WAL, wal),
-                config.storage,
-                owned=list(reversed(opened)),
-            )
+            metadata = await _open(config, MetadataStore, context, opened)
+            store = await _open(config, ObjectStore, context, opened)
+            context = OpenContext(data_dir=context.data_dir, object_store=store)
+            wal = await _open(config, WAL, context, opened)
+            storage = cls(metadata, store, wal, config.storage, owned=list(reversed(opened)))
             await storage.start()
             return storage
         except BaseException:
@@ -261,8 +257,8 @@ def _decode_all(data: bytes | bytearray) -> list[Record]:
 
 
 async def _open(
-    config: configuration.Config, kind: PortKind, context: OpenContext, opened: list[Port]
-) -> Port:
-    port = await configuration.resolve_one(config, kind).open(context)
-    opened.append(port)
-    return port
+    config: configuration.Config, port: type[P], context: OpenContext, opened: list[Port]
+) -> P:
+    adapter = await configuration.resolve_one(config, port).open(context)
+    opened.append(adapter)
+    return adapter
