@@ -1,6 +1,6 @@
-"""Invariant 6, tried hard: while writers append, the compactor swaps entries and the
-collector deletes with a tiny grace period, no object an index entry or a table references is
-ever deleted, and every reader keeps succeeding."""
+"""Invariant 6 (docs/design.md), tried hard: while writers append, the compactor swaps entries and
+the collector deletes with a tiny grace period, no object an index entry or a table references
+is ever deleted, and every reader keeps succeeding."""
 
 from __future__ import annotations
 

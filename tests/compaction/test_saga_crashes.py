@@ -1,5 +1,5 @@
-"""Invariant 5: the compactor killed at any step of the saga, then restarted, leaves every
-record exactly once in the stream and in every table format that is enabled."""
+"""Invariant 5 (docs/design.md): the compactor killed at any step of the saga, then restarted,
+leaves every record exactly once in the stream and in every table format that is enabled."""
 
 from __future__ import annotations
 

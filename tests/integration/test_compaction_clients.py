@@ -1,5 +1,5 @@
-"""Invariant 4 with real clients: what a Kafka consumer reads is the same before and after the
-topic is compacted into Parquet, for every compression codec."""
+"""Invariant 4 (docs/design.md) with real clients: what a Kafka consumer reads is the same before
+and after the topic is compacted into Parquet, for every compression codec."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md invariants 1, 2, 3, 6 and 7, on the embedded backends."""
+"""Invariants 1, 2, 3, 6 and 7 of docs/design.md, on the embedded backends."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from icefloe.cli import cli
@@ -22,3 +23,12 @@ def test_every_cli_command_is_in_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     for name in cli.list_commands(None):  # type: ignore[arg-type]
         assert f"icefloe {name}" in readme, f"`icefloe {name}` is missing from README.md"
+
+
+def test_every_test_the_design_cites_exists() -> None:
+    design = (ROOT / "docs" / "design.md").read_text()
+    cited = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", design)
+    assert len(cited) >= 9
+    for path, name in cited:
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^(async )?def {name}\(", source, re.M), f"{path}::{name} is gone"

@@ -52,6 +52,7 @@ KEYSPACE: Final = (
         "streams/<stream id, 12 digits>/stream",
         "icefloe.storage.engine",
         "msgpack {name, created_ms}: the stream's own record",
+        readers=("icefloe.storage.keys",),
     ),
     Prefix(
         "STREAMS",
@@ -60,7 +61,7 @@ KEYSPACE: Final = (
         "icefloe.storage.offset_index",
         "msgpack index entry: a WAL chunk or a Parquet file holding offsets [end - n, end), "
         "its batches and idempotent-producer batches (icefloe.storage.index)",
-        readers=("icefloe.storage.index_reader", "icefloe.storage.orphans"),
+        readers=("icefloe.storage.keys", "icefloe.storage.index_reader", "icefloe.storage.orphans"),
     ),
     Prefix(
         "STREAMS",
@@ -68,6 +69,7 @@ KEYSPACE: Final = (
         "streams/<stream id>/producers/<producer id>",
         "icefloe.storage.producers",
         "msgpack claim of an idempotent producer's next sequence on the stream",
+        readers=("icefloe.storage.keys",),
     ),
     Prefix(
         "STREAM_NAMES",
@@ -75,13 +77,15 @@ KEYSPACE: Final = (
         "stream-names/<stream name>",
         "icefloe.storage.engine",
         "the stream id, in decimal",
+        readers=("icefloe.storage.keys",),
     ),
     Prefix(
         "COUNTERS",
         COUNTERS,
-        "counters/<stream-id | producer-id | node-id | table-sequence/<topic>>",
+        "counters/<name: stream-id, producer-id, node-id, table-sequence/<topic>>",
         "icefloe.storage.counters",
         "the counter's value, in decimal, advanced by compare-and-set",
+        readers=("icefloe.storage.keys",),
     ),
     Prefix(
         "TOPICS",
@@ -110,6 +114,7 @@ KEYSPACE: Final = (
         "groups/<group id, percent-encoded>",
         "icefloe.groups.store",
         "msgpack group record: classic or KIP-848 state, members, assignment",
+        readers=("icefloe.groups.keys",),
     ),
     Prefix(
         "GROUP_LEASES",
@@ -117,6 +122,7 @@ KEYSPACE: Final = (
         "group-leases/<group id>",
         "icefloe.groups.coordinator",
         "the node id of the broker running the group's timers; ephemeral",
+        readers=("icefloe.groups.keys",),
     ),
     Prefix(
         "GROUP_ALIVE",
@@ -124,6 +130,7 @@ KEYSPACE: Final = (
         "group-alive/<group id>/<member id, percent-encoded>",
         "icefloe.groups.store",
         "the time a member was last heard from, in milliseconds",
+        readers=("icefloe.groups.keys",),
     ),
     Prefix(
         "GROUP_OFFSETS",
@@ -131,6 +138,7 @@ KEYSPACE: Final = (
         "group-offsets/<group id>/<topic, percent-encoded>/<partition, 10 digits>",
         "icefloe.groups.store",
         "msgpack committed offset, leader epoch, metadata and commit time",
+        readers=("icefloe.groups.keys",),
     ),
     Prefix(
         "COMPACTION",

@@ -4,7 +4,7 @@ One row per Kafka record. The batch columns keep what is needed to rebuild the o
 batches for Kafka consumers (same base offsets, same attributes), so a consumer cannot tell a
 compacted range from one still in the WAL.
 
-Constraints from sharing one Parquet file between Iceberg and Delta (see DESIGN.md): no field
+Constraints from sharing one Parquet file between Iceberg and Delta (docs/tables.md): no field
 ids (Iceberg reads through a name mapping), required columns declared non-null, timestamps as
 ``timestamp(us, UTC)``, no 8- or 16-bit integers (Iceberg has none), and the partition column
 kept inside the file with statistics (Iceberg derives the partition value from it).
