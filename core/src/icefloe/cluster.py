@@ -9,7 +9,6 @@ broker per zone for cache locality. Any broker still serves any partition.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import hashlib
@@ -22,7 +21,7 @@ import msgpack
 
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import BROKERS, CLUSTER, prefix_end
-from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Session, Watch
+from icefloe.ports.metadata import MUST_NOT_EXIST, Follower, MetadataStore, Session, WatchEvent
 from icefloe.storage import counters
 
 log = logging.getLogger(__name__)
@@ -75,8 +74,7 @@ class Cluster:
         self._metadata = metadata
         self._ttl = session_ttl
         self._session: Session | None = None
-        self._watch: Watch | None = None
-        self._follower: asyncio.Task[None] | None = None
+        self._follower: Follower | None = None
         self._live: dict[int, BrokerInfo] = {}
         self.me: BrokerInfo | None = None
         self.cluster_id = ""
@@ -85,7 +83,7 @@ class Cluster:
         """Register this broker; ``node_id`` ``None`` allocates one."""
         self.cluster_id = await self._cluster_id()
         self._session = await self._metadata.open_session(self._ttl)
-        self._watch = await self._metadata.watch(BROKERS)
+        watch = await self._metadata.watch(BROKERS)
         chosen = (
             node_id if node_id is not None else await counters.increment(self._metadata, "node-id")
         )
@@ -103,17 +101,13 @@ class Cluster:
                 "choose another broker.node_id or leave it unset"
             ) from None
         await self._reload()
-        self._follower = asyncio.create_task(self._follow(self._watch), name="broker-membership")
+        self._follower = Follower(watch, self._refresh, "broker-membership")
         return self.me
 
     async def leave(self) -> None:
         """Deregister (closing the session deletes the ephemeral record)."""
-        if self._watch is not None:
-            await self._watch.close()
         if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+            await self._follower.stop()
         if self._session is not None:
             await self._session.close()
 
@@ -139,12 +133,8 @@ class Cluster:
                 info = BrokerInfo.decode(record.value)
                 self._live[info.node_id] = info
 
-    async def _follow(self, watch: Watch) -> None:
-        async for _ in watch:
-            try:
-                await self._reload()
-            except IcefloeError:
-                log.warning("cannot refresh the broker list", exc_info=True)
+    async def _refresh(self, event: WatchEvent) -> None:
+        await self._reload()
 
     async def _cluster_id(self) -> str:
         record = await self._metadata.get(CLUSTER_ID_KEY)

@@ -43,7 +43,14 @@ from icefloe.groups import classic, consumer, keys
 from icefloe.groups.model import ClassicGroup, ConsumerGroup, Group, TopicInfo
 from icefloe.groups.store import GroupStore, now_ms
 from icefloe.keyspace import prefix_end
-from icefloe.ports.metadata import MUST_NOT_EXIST, EventKind, MetadataStore, Session, Watch
+from icefloe.ports.metadata import (
+    MUST_NOT_EXIST,
+    EventKind,
+    Follower,
+    MetadataStore,
+    Session,
+    WatchEvent,
+)
 
 if TYPE_CHECKING:
     from icefloe.cluster import Cluster
@@ -110,8 +117,8 @@ class GroupCoordinator:
         self._topics = topics
         self._ttl = session_ttl
         self._session: Session | None = None
-        self._watches: list[Watch] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._followers: list[Follower] = []
+        self._timers: asyncio.Task[None] | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._wake = asyncio.Event()
         self._dirty: set[str] = set()
@@ -132,23 +139,21 @@ class GroupCoordinator:
         self._session = await self._metadata.open_session(self._ttl)
         groups_watch = await self._metadata.watch(keys.GROUPS)
         leases_watch = await self._metadata.watch(keys.LEASES)
-        self._watches = [groups_watch, leases_watch]
         await self._rescan()
-        self._tasks = [
-            asyncio.create_task(self._follow_groups(groups_watch), name="groups-follow"),
-            asyncio.create_task(self._follow_leases(leases_watch), name="group-leases-follow"),
-            asyncio.create_task(self._run(), name="group-timers"),
+        self._followers = [
+            Follower(groups_watch, self._group_changed, "groups-follow"),
+            Follower(leases_watch, self._lease_changed, "group-leases-follow"),
         ]
+        self._timers = asyncio.create_task(self._run(), name="group-timers")
 
     async def stop(self) -> None:
         """Stop the timers and give up every lease at once (closing the session)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        if self._timers is not None:
+            self._timers.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for watch in self._watches:
-            await watch.close()
+                await self._timers
+        for follower in self._followers:
+            await follower.stop()
         if self._session is not None:
             await self._session.close()
         self._held.clear()
@@ -209,36 +214,34 @@ class GroupCoordinator:
 
     # --- notifications --------------------------------------------------------------------
 
-    async def _follow_groups(self, watch: Watch) -> None:
-        async for event in watch:
-            if event.kind is EventKind.RESET:
-                for events in self._waiters.values():
-                    for waiter in events:
-                        waiter.set()
-                self._dirty.add("")  # "" asks the loop for a full rescan
-            elif event.key is not None:
-                group_id = keys.group_of(event.key, keys.GROUPS)
-                if group_id is None:
-                    continue
-                for waiter in self._waiters.get(group_id, ()):
+    async def _group_changed(self, event: WatchEvent) -> None:
+        if event.kind is EventKind.RESET:
+            for events in self._waiters.values():
+                for waiter in events:
                     waiter.set()
-                self._dirty.add(group_id)
-            self._wake.set()
+            self._dirty.add("")  # "" asks the loop for a full rescan
+        elif event.key is not None:
+            group_id = keys.group_of(event.key, keys.GROUPS)
+            if group_id is None:
+                return
+            for waiter in self._waiters.get(group_id, ()):
+                waiter.set()
+            self._dirty.add(group_id)
+        self._wake.set()
 
-    async def _follow_leases(self, watch: Watch) -> None:
-        async for event in watch:
-            if event.kind is EventKind.RESET:
-                self._dirty.add("")
-            elif event.key is not None:
-                group_id = keys.group_of(event.key, keys.LEASES)
-                if group_id is None:
-                    continue
-                if event.kind is EventKind.PUT:
-                    self._leased.add(group_id)
-                else:
-                    self._leased.discard(group_id)
-                    self._dirty.add(group_id)
-            self._wake.set()
+    async def _lease_changed(self, event: WatchEvent) -> None:
+        if event.kind is EventKind.RESET:
+            self._dirty.add("")
+        elif event.key is not None:
+            group_id = keys.group_of(event.key, keys.LEASES)
+            if group_id is None:
+                return
+            if event.kind is EventKind.PUT:
+                self._leased.add(group_id)
+            else:
+                self._leased.discard(group_id)
+                self._dirty.add(group_id)
+        self._wake.set()
 
     # --- the timer loop -------------------------------------------------------------------
 

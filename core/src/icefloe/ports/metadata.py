@@ -59,13 +59,17 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import enum
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Self
 
 from icefloe.errors import ConfigError
 from icefloe.ports.base import Port, PortKind
+
+_log = logging.getLogger(__name__)
 
 MUST_NOT_EXIST: Final = -1
 """``expected_version`` meaning "the key must not exist"."""
@@ -404,6 +408,35 @@ class MetadataStore(Port):
 
     async def _transact(self, checks: list[Check], writes: list[Put | Delete]) -> None:
         raise NotImplementedError
+
+
+class Follower:
+    """Hands every event of a watch to ``apply``, in a task of its own, until stopped.
+
+    An event that ``apply`` fails on is logged and skipped: one bad key must not stop a cache
+    from following the store.
+    """
+
+    def __init__(
+        self, watch: Watch, apply: Callable[[WatchEvent], Awaitable[None]], name: str
+    ) -> None:
+        self._watch = watch
+        self._apply = apply
+        self._task = asyncio.create_task(self._run(), name=name)
+
+    async def stop(self) -> None:
+        """Close the watch and end the task."""
+        await self._watch.close()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _run(self) -> None:
+        async for event in self._watch:
+            try:
+                await self._apply(event)
+            except Exception:  # noqa: BLE001 - logged; the next event may apply
+                _log.warning("%s: cannot apply %s", self._task.get_name(), event, exc_info=True)
 
 
 class _WatchOpener:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 
 from icefloe.keyspace import STREAMS
-from icefloe.ports.metadata import EventKind, MetadataStore, Watch, WatchEvent
+from icefloe.ports.metadata import EventKind, Follower, MetadataStore, WatchEvent
 from icefloe.storage import index, keys
 from icefloe.storage.index import IndexEntry
 
@@ -73,20 +72,15 @@ class IndexReader:
         self._streams: OrderedDict[int, _StreamCache] = OrderedDict()
         self._cached = 0
         self._waiters: dict[int, set[asyncio.Event]] = {}
-        self._watch: Watch | None = None
-        self._follower: asyncio.Task[None] | None = None
+        self._follower: Follower | None = None
 
     async def start(self) -> None:
-        self._watch = await self._metadata.watch(STREAMS)
-        self._follower = asyncio.create_task(self._follow(self._watch), name="index-notifications")
+        watch = await self._metadata.watch(STREAMS)
+        self._follower = Follower(watch, self._apply, "index-notifications")
 
     async def close(self) -> None:
-        if self._watch is not None:
-            await self._watch.close()
         if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+            await self._follower.stop()
         self._wake_all()
 
     # --- look-ups -------------------------------------------------------------------------
@@ -240,14 +234,7 @@ class IndexReader:
 
     # --- notifications --------------------------------------------------------------------
 
-    async def _follow(self, watch: Watch) -> None:
-        async for event in watch:
-            try:
-                self._apply(event)
-            except Exception:  # a bad key must not stop cache invalidation
-                log.exception("ignoring index notification %r", event)
-
-    def _apply(self, event: WatchEvent) -> None:
+    async def _apply(self, event: WatchEvent) -> None:
         if event.kind is EventKind.RESET:
             # Changes were missed: forget everything and let waiters re-check the store.
             self._streams.clear()

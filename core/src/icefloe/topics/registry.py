@@ -7,8 +7,6 @@ another broker is visible at once.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -23,12 +21,11 @@ from kio.schema.errors import ErrorCode
 from icefloe.errors import (
     AlreadyExistsError,
     ConflictError,
-    IcefloeError,
     KafkaError,
     NotFoundError,
 )
 from icefloe.keyspace import TOPICS, prefix_end
-from icefloe.ports.metadata import MUST_NOT_EXIST, Watch
+from icefloe.ports.metadata import MUST_NOT_EXIST, Follower, WatchEvent
 from icefloe.storage.engine import StreamStorage
 
 log = logging.getLogger(__name__)
@@ -116,21 +113,16 @@ class TopicRegistry:
         self._metadata = storage.metadata
         self._topics: dict[str, Topic] = {}
         self._by_id: dict[uuid.UUID, Topic] = {}
-        self._watch: Watch | None = None
-        self._follower: asyncio.Task[None] | None = None
+        self._follower: Follower | None = None
 
     async def start(self) -> None:
-        self._watch = await self._metadata.watch(TOPICS)
+        watch = await self._metadata.watch(TOPICS)  # before the reload: no change is missed
         await self._reload()
-        self._follower = asyncio.create_task(self._follow(self._watch), name="topic-registry")
+        self._follower = Follower(watch, self._apply, "topic-registry")
 
     async def close(self) -> None:
-        if self._watch is not None:
-            await self._watch.close()
         if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+            await self._follower.stop()
 
     def cached(self) -> list[Topic]:
         """Every topic this broker knows of, by name."""
@@ -278,20 +270,16 @@ class TopicRegistry:
         for record in records:
             self._remember(Topic.decode(record.key[len(TOPICS) :], record.value, record.version))
 
-    async def _follow(self, watch: Watch) -> None:
-        async for event in watch:
-            try:
-                if event.key is None:  # RESET
-                    await self._reload()
-                    continue
-                name = event.key[len(TOPICS) :]
-                record = await self._metadata.get(event.key)
-                if record is None:
-                    self._forget(name)
-                else:
-                    self._remember(Topic.decode(name, record.value, record.version))
-            except IcefloeError:
-                log.warning("cannot refresh topic metadata", exc_info=True)
+    async def _apply(self, event: WatchEvent) -> None:
+        if event.key is None:  # RESET
+            await self._reload()
+            return
+        name = event.key[len(TOPICS) :]
+        record = await self._metadata.get(event.key)
+        if record is None:
+            self._forget(name)
+        else:
+            self._remember(Topic.decode(name, record.value, record.version))
 
 
 def _check_partition_count(partitions: int) -> None:
