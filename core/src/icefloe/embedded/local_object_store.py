@@ -29,12 +29,12 @@ import stat
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Final, Self, TypeVar, TypeVarTuple, Unpack
 
 from pydantic import Field
 
+from icefloe.adapters.blocking import BlockingSdk
 from icefloe.errors import (
     AlreadyExistsError,
     ClosedError,
@@ -84,8 +84,13 @@ class LocalObjectStore(ObjectStore):
         self.temp_dir = temp_folder_of(root)
         self._root = str(root)
         self._temp = str(self.temp_dir)
-        self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="icefloe-local-store")
-        self._closed = False
+        self._files = BlockingSdk(
+            f"the local object store at {self._root!r}",
+            threads=io_threads,
+            thread_name_prefix="icefloe-local-store",
+            translate=self._translate,
+            sdk_types=(OSError,),
+        )
 
     @classmethod
     async def open(cls, options: LocalObjectStoreOptions, context: OpenContext) -> Self:
@@ -108,11 +113,8 @@ class LocalObjectStore(ObjectStore):
         return cls(root, options.io_threads)
 
     async def close(self) -> None:
-        """Wait for running file operations, then refuse new ones."""
-        if self._closed:
-            return
-        self._closed = True
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        """Refuse new file operations, then wait for the running ones."""
+        await self._files.close()
 
     # --- primitives ------------------------------------------------------------------------
 
@@ -187,23 +189,21 @@ class LocalObjectStore(ObjectStore):
     # --- plumbing --------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"the local object store at {self._root!r} is closed")
+        if self._files.closed:
+            raise ClosedError(f"{self._files.name} is closed")
 
     async def _run(self, fn: Callable[[Unpack[Ts]], T], *args: *Ts) -> T:
         """Run blocking ``fn(*args)`` on the pool; OS errors leave as :class:`StorageError`."""
-        self._check_open()
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, fn, *args)
-        except OSError as exc:
-            raise StorageError(f"local object store at {self._root!r}: {exc}") from exc
+        return await self._files.call("", fn, *args)
+
+    def _translate(self, exc: Exception, what: str) -> Exception:
+        return StorageError(f"local object store at {self._root!r}: {exc}")
 
     async def _discard(self, temp: _TempFile) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, temp.discard)
-        except RuntimeError:
-            temp.discard()  # the pool was shut down by close(): clean up here instead
+            await self._files.run(temp.discard)
+        except ClosedError:
+            temp.discard()  # close() has begun: clean up here instead
 
     def _url(self, key: str) -> str:
         return Path(self._root, *key.split("/")).as_uri()

@@ -31,7 +31,6 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from typing import Any, Final, ParamSpec, Self, TypeVar
 
 from pydantic import Field
 
+from icefloe.adapters.watch_queue import WatchQueue
 from icefloe.errors import (
     AlreadyExistsError,
     ClosedError,
@@ -51,7 +51,6 @@ from icefloe.errors import (
 from icefloe.ports.base import BackendOptions, OpenContext
 from icefloe.ports.metadata import (
     MUST_NOT_EXIST,
-    RESET,
     SEQUENCE_COMPONENT_WIDTH,
     Check,
     Delete,
@@ -475,53 +474,37 @@ class _SqliteWatch(Watch):
         self.cursor = cursor
         """Id of the last change this watcher has accounted for (delivered, skipped or reset)."""
         self._store = store
-        self._limit = limit
-        self._events: deque[WatchEvent] = deque()
-        self._ready = asyncio.Event()
-        self._closed = False
+        self._queue = WatchQueue(limit)
 
     def take(self, batch: _ChangeBatch) -> None:
         """Queue the events of ``batch`` that this watcher has not seen yet."""
         # A batch read from beyond our cursor (we registered while it was in flight) would
         # leave a hole; the pump reads again from our cursor on its next round.
-        if self._closed or batch.after > self.cursor:
+        if self._queue.closed or batch.after > self.cursor:
             return
         if batch.pruned_through > self.cursor:
-            self._reset(batch.head)
+            self._queue.reset()
+            self._skip_to(batch.head)
             return
         for change in batch.changes:
             if change.id <= self.cursor or not change.key.startswith(self.prefix):
                 continue
-            if len(self._events) >= self._limit:
-                self._reset(batch.head)
+            if not self._queue.put(WatchEvent(change.kind, change.key, change.id)):
+                self._skip_to(batch.head)  # the queue overflowed into a RESET
                 return
-            self._events.append(WatchEvent(change.kind, change.key, change.id))
         if batch.changes:
             self.cursor = max(self.cursor, batch.changes[-1].id)
-        if self._events:
-            self._ready.set()
 
-    def _reset(self, head: int) -> None:
-        # Undelivered events are dropped with the memory they hold; RESET tells the consumer
-        # to re-read, and the re-read sees everything up to ``head``.
-        self._events.clear()
-        self._events.append(RESET)
+    def _skip_to(self, head: int) -> None:
+        # A RESET is queued: the re-read it asks for sees every change up to ``head``.
         self.cursor = max(self.cursor, head)
-        self._ready.set()
 
     def stop(self) -> None:
         """End the watch: ``next_event`` returns ``None`` from now on."""
-        self._closed = True
-        self._events.clear()
-        self._ready.set()
+        self._queue.close()
 
     async def next_event(self) -> WatchEvent | None:
-        while not self._closed:
-            if self._events:
-                return self._events.popleft()
-            self._ready.clear()
-            await self._ready.wait()
-        return None
+        return await self._queue.get()
 
     async def close(self) -> None:
         self.stop()

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
 
 import grpc  # type: ignore[import-untyped]  # grpc ships no type information
 from aetcd import rpc  # type: ignore[import-untyped]
 
+from icefloe.adapters.watch_queue import WatchQueue
 from icefloe.errors import UnavailableError
-from icefloe.ports.metadata import RESET, EventKind, Watch, WatchEvent
+from icefloe.ports.metadata import EventKind, Watch, WatchEvent
 from icefloe_metadata_etcd.connection import EtcdConnection
 from icefloe_metadata_etcd.keys import KeySpace, prefix_end
 
@@ -49,10 +49,7 @@ class EtcdWatch(Watch):
         self._keyspace = keyspace
         self._key = keyspace.stored(prefix) if prefix else keyspace.start
         self._range_end = prefix_end(keyspace.stored(prefix)) if prefix else keyspace.end
-        self._limit = limit
-        self._events: deque[WatchEvent] = deque()
-        self._ready = asyncio.Event()
-        self._closed = False
+        self._queue = WatchQueue(limit)
         self._next_revision = 0
         """The revision to resume from: one after the last one accounted for."""
         self._task: asyncio.Task[None] | None = None
@@ -100,7 +97,7 @@ class EtcdWatch(Watch):
 
     async def _follow(self, stream: Any) -> None:
         delays = _delays()
-        while not self._closed:
+        while not self._queue.closed:
             try:
                 while (response := await stream.read()) is not grpc.aio.EOF:
                     if response.compact_revision or response.canceled:
@@ -117,7 +114,7 @@ class EtcdWatch(Watch):
     async def _resume(self, delays: Iterator[float]) -> Any:
         while True:
             await asyncio.sleep(next(delays))
-            if self._closed:
+            if self._queue.closed:
                 return None
             try:
                 resumed = self._next_revision != 0
@@ -128,43 +125,24 @@ class EtcdWatch(Watch):
             except UnavailableError:
                 continue
             if not resumed:
-                self._push(RESET)  # started afresh: changes in between are unknown
+                self._queue.reset()  # started afresh: changes in between are unknown
             return stream
 
     def _take(self, response: Any) -> None:
         for event in response.events:
             kind = EventKind.DELETE if event.type == rpc.Event.DELETE else EventKind.PUT
             key = self._keyspace.key_of(event.kv.key)
-            self._push(WatchEvent(kind, key, event.kv.mod_revision))
+            self._queue.put(WatchEvent(kind, key, event.kv.mod_revision))
             self._next_revision = max(self._next_revision, event.kv.mod_revision + 1)
         if response.header.revision:
             # Progress beyond the last event (e.g. other keys' writes) need not be replayed.
             self._next_revision = max(self._next_revision, response.header.revision + 1)
 
-    def _push(self, event: WatchEvent) -> None:
-        if self._closed:
-            return
-        if event is RESET or len(self._events) >= self._limit:
-            # Undelivered events are dropped with the memory they hold: RESET makes the
-            # watcher re-read anyway.
-            self._events.clear()
-            self._events.append(RESET)
-        else:
-            self._events.append(event)
-        self._ready.set()
-
     async def next_event(self) -> WatchEvent | None:
-        while not self._closed:
-            if self._events:
-                return self._events.popleft()
-            self._ready.clear()
-            await self._ready.wait()
-        return None
+        return await self._queue.get()
 
     async def close(self) -> None:
-        self._closed = True
-        self._events.clear()
-        self._ready.set()
+        self._queue.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from typing import Any, TypeAlias
 
 import grpc  # type: ignore[import-untyped]  # grpc ships no type information
 
+from icefloe.adapters.watch_queue import WatchQueue
 from icefloe.errors import StorageError, UnavailableError
-from icefloe.ports.metadata import RESET, EventKind, Watch, WatchEvent
+from icefloe.ports.metadata import EventKind, Watch, WatchEvent
 from icefloe_metadata_oxia._proto import client_pb2 as pb
 from icefloe_metadata_oxia.connection import OxiaConnection, Shard, backoff_delays
 from icefloe_metadata_oxia.keys import KeySpace
@@ -48,10 +48,7 @@ class OxiaWatch(Watch):
         self._connection = connection
         self._keyspace = keyspace
         self._prefix = prefix
-        self._limit = limit
-        self._events: deque[WatchEvent] = deque()
-        self._ready = asyncio.Event()
-        self._closed = False
+        self._queue = WatchQueue(limit)
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -95,7 +92,7 @@ class OxiaWatch(Watch):
 
     async def _follow(self, shard: Shard, stream: _Stream) -> None:
         delays = backoff_delays()
-        while not self._closed:
+        while not self._queue.closed:
             try:
                 # read(), as for the marker: gRPC forbids mixing it with async iteration.
                 while (batch := await stream.read()) is not grpc.aio.EOF:
@@ -105,13 +102,13 @@ class OxiaWatch(Watch):
                 _log.info("Oxia notification stream of shard %s broke: %s", shard.id, exc.code())
             stream.cancel()
             # Re-establish first, then RESET (see the module docstring).
-            while not self._closed:
+            while not self._queue.closed:
                 await asyncio.sleep(next(delays))
                 with contextlib.suppress(StorageError):
                     current = {s.id: s for s in self._connection.shards()}.get(shard.id, shard)
                     stream = await self._establish(current)
                     break
-            self._push(RESET)
+            self._queue.reset()
 
     def _take(self, batch: pb.NotificationBatch) -> None:
         for stored in sorted(batch.notifications):
@@ -119,7 +116,7 @@ class OxiaWatch(Watch):
             if notification.type == pb.NotificationType.KEY_RANGE_DELETED:
                 # The adapter deletes ranges key by key; a range delete by another client
                 # does not say which keys it removed.
-                self._push(RESET)
+                self._queue.reset()
                 continue
             key = self._keyspace.key_of(stored)
             if key is None or not key.startswith(self._prefix):
@@ -128,33 +125,14 @@ class OxiaWatch(Watch):
             # Versions are Oxia offsets plus one (offsets start at 0, versions at 1); a delete
             # carries no version, so it gets the offset of the write that deleted it.
             offset = notification.version_id if kind is EventKind.PUT else batch.offset
-            self._push(WatchEvent(kind, key, offset + 1))
-
-    def _push(self, event: WatchEvent) -> None:
-        if self._closed:
-            return
-        if event is RESET or len(self._events) >= self._limit:
-            # Undelivered events are dropped with the memory they hold: RESET makes the
-            # watcher re-read anyway.
-            self._events.clear()
-            self._events.append(RESET)
-        else:
-            self._events.append(event)
-        self._ready.set()
+            self._queue.put(WatchEvent(kind, key, offset + 1))
 
     async def next_event(self) -> WatchEvent | None:
-        while not self._closed:
-            if self._events:
-                return self._events.popleft()
-            self._ready.clear()
-            await self._ready.wait()
-        return None
+        return await self._queue.get()
 
     def stop(self) -> None:
         """End the watch now: ``next_event`` returns ``None`` from here on."""
-        self._closed = True
-        self._events.clear()
-        self._ready.set()
+        self._queue.close()
         for task in self._tasks:
             task.cancel()
 

@@ -10,34 +10,30 @@ How each promise of the port is kept on Azure Blob Storage:
   ``ConditionNotMet`` is accepted too).
 - *A retry that already won*: every write carries a random write id in its metadata, and a
   refused condition is reported as :class:`~icefloe.errors.AlreadyExistsError` only after a
-  ``HEAD`` shows that the blob there is someone else's.
+  ``HEAD`` shows that the blob there is someone else's
+  (:class:`~icefloe.adapters.write_id.WriteIds`).
 - *Bounded memory*: ``put_stream`` buffers one block (``part_size``) at a time.
 
 The SDK is synchronous: every call runs on a bounded thread pool (``max_concurrency``
-threads, as many pooled connections), never on the event loop.
+threads, as many pooled connections), never on the event loop
+(:class:`~icefloe.adapters.blocking.BlockingSdk`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, Self, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from typing import Any, Final, Self
 
-from icefloe.errors import (
-    AlreadyExistsError,
-    ClosedError,
-    ConflictError,
-    IcefloeError,
-)
+from icefloe.adapters.blocking import BlockingSdk
+from icefloe.adapters.write_id import WriteIds, new_write_id
+from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind, RequestStats
 from icefloe_store_azure.errors import status_of, translate
 from icefloe_store_azure.options import AzureObjectStoreOptions
-
-T = TypeVar("T")
 
 WRITE_ID: Final = "icefloe_write_id"
 """Blob metadata naming the write that created a blob (metadata names are C# identifiers)."""
@@ -71,13 +67,16 @@ class AzureObjectStore(ObjectStore):
         super().__init__()
         self.stats = stats
         self._container = container
-        self._container_name = options.container
         self._folder = f"{options.prefix}/" if options.prefix else ""
         self._part_size = options.part_size
-        self._executor = ThreadPoolExecutor(
-            options.max_concurrency, thread_name_prefix="icefloe-azure"
+        self._sdk = BlockingSdk(
+            f"the Azure object store on container {options.container!r}",
+            threads=options.max_concurrency,
+            thread_name_prefix="icefloe-azure",
+            translate=functools.partial(translate, container=options.container),
+            sdk_modules=("azure.", "requests", "urllib3"),
         )
-        self._closed = False
+        self._write_ids = WriteIds(WRITE_ID, self._metadata_at, refused=ConflictError)
 
     @classmethod
     async def open(cls, options: AzureObjectStoreOptions, context: OpenContext) -> Self:
@@ -99,7 +98,7 @@ class AzureObjectStore(ObjectStore):
             raise translate(exc, "open", options.container) from exc
         store = cls(container, options, stats)
         try:
-            await store._call("list (at open)", store._first_page)
+            await store._sdk.call("list (at open)", store._first_page)
         except BaseException:
             await store.close()
             raise
@@ -107,11 +106,9 @@ class AzureObjectStore(ObjectStore):
 
     async def close(self) -> None:
         """Wait for running calls, then release the connections."""
-        if self._closed:
-            return
-        self._closed = True
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
-        self._container.close()
+        if not self._sdk.closed:
+            await self._sdk.close()
+            self._container.close()
 
     # --- primitives ---------------------------------------------------------------------------
 
@@ -119,7 +116,7 @@ class AzureObjectStore(ObjectStore):
         self, key: str, data: bytes | bytearray | memoryview, if_absent: bool
     ) -> ObjectInfo:
         body = bytes(data)
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         await self._write(key, write_id, self._upload, key, body, write_id, if_absent)
         self.stats.record(RequestKind.PUT, len(body), requests=0)
         return ObjectInfo(key, len(body), time.time())
@@ -127,7 +124,7 @@ class AzureObjectStore(ObjectStore):
     async def _put_stream(
         self, key: str, chunks: AsyncIterable[bytes | bytearray | memoryview], if_absent: bool
     ) -> ObjectInfo:
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         buffer = bytearray()
         blocks: list[str] = []
         size = 0
@@ -149,7 +146,7 @@ class AzureObjectStore(ObjectStore):
         return ObjectInfo(key, size, time.time())
 
     async def _get(self, key: str, start: int, end: int | None) -> bytes:
-        data = await self._call(f"get {key!r}", self._download, self._name(key), start, end)
+        data = await self._sdk.call(f"get {key!r}", self._download, self._name(key), start, end)
         self.stats.record(RequestKind.GET, len(data), requests=0)
         return data
 
@@ -158,18 +155,18 @@ class AzureObjectStore(ObjectStore):
             yield piece
 
     async def _head(self, key: str) -> ObjectInfo | None:
-        found = await self._call(f"head {key!r}", self._properties, self._name(key))
+        found = await self._sdk.call(f"head {key!r}", self._properties, self._name(key))
         if found is None:
             return None
         return ObjectInfo(key, found.size, found.last_modified.timestamp(), found.etag)
 
     async def _delete(self, key: str) -> None:
-        await self._call(f"delete {key!r}", self._delete_blob, self._name(key))
+        await self._sdk.call(f"delete {key!r}", self._delete_blob, self._name(key))
 
     async def _list(self, prefix: str) -> AsyncIterator[ObjectInfo]:
-        pages = await self._call(f"list {prefix!r}", self._pages, prefix)
+        pages = await self._sdk.call(f"list {prefix!r}", self._pages, prefix)
         while True:
-            page = await self._call(f"list {prefix!r}", _next_page, pages)
+            page = await self._sdk.call(f"list {prefix!r}", _next_page, pages)
             if page is None:
                 return
             for blob in page:
@@ -186,13 +183,15 @@ class AzureObjectStore(ObjectStore):
         self, key: str, write_id: str, request: Callable[..., object], *args: Any
     ) -> None:
         """Send a (conditional) write, resolving a refused condition into its true outcome."""
-        try:
-            await self._call(f"put {key!r}", request, *args)
-        except ConflictError as exc:
-            found = await self._call(f"head {key!r}", self._properties, self._name(key))
-            if found is not None and (found.metadata or {}).get(WRITE_ID) == write_id:
-                return  # an earlier attempt of this very write won; its answer was lost
-            raise AlreadyExistsError(f"object {key!r} already exists") from exc.__cause__
+        put = self._sdk.call(f"put {key!r}", request, *args)
+        refusal = await self._write_ids.send(key, write_id, put)
+        if refusal is not None:
+            raise AlreadyExistsError(f"object {key!r} already exists") from refusal.cause
+
+    async def _metadata_at(self, key: str) -> Mapping[str, str] | None:
+        """The metadata of the blob at ``key``, or ``None`` if there is none."""
+        found = await self._sdk.call(f"head {key!r}", self._properties, self._name(key))
+        return None if found is None else (found.metadata or {})
 
     # --- blocking SDK calls, run on the pool --------------------------------------------------
 
@@ -221,7 +220,7 @@ class AzureObjectStore(ObjectStore):
         # the blocks of a concurrent writer of the same key.
         block_id = f"{write_id}-{len(blocks):06d}"
         blob = self._container.get_blob_client(self._name(key))
-        await self._call(f"put {key!r} (block {len(blocks)})", blob.stage_block, block_id, part)
+        await self._sdk.call(f"put {key!r} (block {len(blocks)})", blob.stage_block, block_id, part)
         blocks.append(block_id)
         self.stats.record(RequestKind.PUT, len(part), requests=0)
 
@@ -265,24 +264,6 @@ class AzureObjectStore(ObjectStore):
     def _first_page(self) -> None:
         blobs = self._container.list_blobs(name_starts_with=self._folder, results_per_page=1)
         _next_page(blobs.by_page())
-
-    # --- plumbing -----------------------------------------------------------------------------
-
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run blocking ``fn`` on the pool; SDK errors leave as :mod:`icefloe.errors` types."""
-        if self._closed:
-            raise ClosedError(
-                f"the Azure object store on container {self._container_name!r} is closed"
-            )
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
-        except IcefloeError:
-            raise
-        except Exception as exc:
-            if type(exc).__module__.startswith(("azure.", "requests", "urllib3")):
-                raise translate(exc, what, self._container_name) from exc
-            raise
 
 
 def _next_page(pages: Any) -> list[Any] | None:

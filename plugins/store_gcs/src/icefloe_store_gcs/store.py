@@ -11,28 +11,28 @@ How each promise of the port is kept on Google Cloud Storage:
   precondition on one-shot uploads only).
 - *A retry that already won*: every write carries a random write id in its metadata, and a
   412 is reported as :class:`~icefloe.errors.AlreadyExistsError` only after a ``HEAD`` shows
-  that the object there is someone else's.
+  that the object there is someone else's (:class:`~icefloe.adapters.write_id.WriteIds`).
 - *Bounded memory*: ``put_stream`` buffers one chunk (``part_size``) at a time.
 
 The SDK is synchronous: every call runs on a bounded thread pool (``max_concurrency``
-threads, as many pooled connections), never on the event loop.
+threads, as many pooled connections), never on the event loop
+(:class:`~icefloe.adapters.blocking.BlockingSdk`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, Self, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from typing import Any, Final, Self
 
+from icefloe.adapters.blocking import BlockingSdk
+from icefloe.adapters.write_id import WriteIds, new_write_id
 from icefloe.errors import (
     AlreadyExistsError,
-    ClosedError,
     ConflictError,
-    IcefloeError,
     NotFoundError,
     StorageError,
     UnavailableError,
@@ -41,8 +41,6 @@ from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind, RequestStats
 from icefloe_store_gcs.errors import status_of, translate
 from icefloe_store_gcs.options import GCSObjectStoreOptions
-
-T = TypeVar("T")
 
 WRITE_ID: Final = "icefloe-write-id"
 """Custom metadata naming the write that created an object."""
@@ -77,10 +75,19 @@ class GCSObjectStore(ObjectStore):
         self._options = options
         self._folder = f"{options.prefix}/" if options.prefix else ""
         self._part_size = options.part_size
-        self._executor = ThreadPoolExecutor(
-            options.max_concurrency, thread_name_prefix="icefloe-gcs"
+        self._sdk = BlockingSdk(
+            f"the GCS object store on bucket {options.bucket!r}",
+            threads=options.max_concurrency,
+            thread_name_prefix="icefloe-gcs",
+            translate=functools.partial(translate, bucket=options.bucket),
+            # Connection failures are OSErrors (requests' own too), whichever module raises them.
+            sdk_modules=("google.", "requests", "urllib3"),
+            sdk_types=(OSError,),
         )
-        self._closed = False
+        # A 404 too: the resumable session is gone, maybe finalised by an earlier attempt.
+        self._write_ids = WriteIds(
+            WRITE_ID, self._metadata_at, refused=(ConflictError, NotFoundError)
+        )
 
     @classmethod
     async def open(cls, options: GCSObjectStoreOptions, context: OpenContext) -> Self:
@@ -100,7 +107,7 @@ class GCSObjectStore(ObjectStore):
             raise translate(exc, "open", options.bucket) from exc
         store = cls(client, gcs.make_retry(options), options, stats)
         try:
-            await store._call("list (at open)", store._first_page, "")
+            await store._sdk.call("list (at open)", store._first_page, "")
         except NotFoundError as exc:
             await store.close()
             raise StorageError(
@@ -114,11 +121,9 @@ class GCSObjectStore(ObjectStore):
 
     async def close(self) -> None:
         """Wait for running calls, then release the connections."""
-        if self._closed:
-            return
-        self._closed = True
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
-        self._client.close()
+        if not self._sdk.closed:
+            await self._sdk.close()
+            self._client.close()
 
     # --- primitives ---------------------------------------------------------------------------
 
@@ -126,7 +131,7 @@ class GCSObjectStore(ObjectStore):
         self, key: str, data: bytes | bytearray | memoryview, if_absent: bool
     ) -> ObjectInfo:
         body = bytes(data)
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         await self._write(key, write_id, self._upload, key, body, write_id, if_absent)
         self.stats.record(RequestKind.PUT, len(body), requests=0)
         return ObjectInfo(key, len(body), time.time())
@@ -134,7 +139,7 @@ class GCSObjectStore(ObjectStore):
     async def _put_stream(
         self, key: str, chunks: AsyncIterable[bytes | bytearray | memoryview], if_absent: bool
     ) -> ObjectInfo:
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         buffer = bytearray()
         upload: Any = None
         size = 0
@@ -159,23 +164,23 @@ class GCSObjectStore(ObjectStore):
                 await self._cancel_upload(upload)
 
     async def _get(self, key: str, start: int, end: int | None) -> bytes:
-        data = await self._call(f"get {key!r}", self._download, self._name(key), start, end)
+        data = await self._sdk.call(f"get {key!r}", self._download, self._name(key), start, end)
         self.stats.record(RequestKind.GET, len(data), requests=0)
         return data
 
     async def _head(self, key: str) -> ObjectInfo | None:
-        blob = await self._call(f"head {key!r}", self._get_blob, self._name(key))
+        blob = await self._sdk.call(f"head {key!r}", self._get_blob, self._name(key))
         if blob is None:
             return None
         return ObjectInfo(key, blob.size, blob.updated.timestamp(), blob.etag)
 
     async def _delete(self, key: str) -> None:
-        await self._call(f"delete {key!r}", self._delete_blob, self._name(key))
+        await self._sdk.call(f"delete {key!r}", self._delete_blob, self._name(key))
 
     async def _list(self, prefix: str) -> AsyncIterator[ObjectInfo]:
-        pages = await self._call(f"list {prefix!r}", self._pages, prefix)
+        pages = await self._sdk.call(f"list {prefix!r}", self._pages, prefix)
         while True:
-            page = await self._call(f"list {prefix!r}", next, pages, None)
+            page = await self._sdk.call(f"list {prefix!r}", next, pages, None)
             if page is None:
                 return
             for blob in page:
@@ -192,18 +197,21 @@ class GCSObjectStore(ObjectStore):
         self, key: str, write_id: str, request: Callable[..., object], *args: Any
     ) -> None:
         """Send a (conditional) write, resolving a refused condition into its true outcome."""
-        try:
-            await self._call(f"put {key!r}", request, *args)
-        except (ConflictError, NotFoundError) as exc:
-            blob = await self._call(f"head {key!r}", self._get_blob, self._name(key))
-            if blob is not None and (blob.metadata or {}).get(WRITE_ID) == write_id:
-                return  # an earlier attempt of this very write won; its answer was lost
-            if isinstance(exc, NotFoundError):
-                raise UnavailableError(
-                    f"GCS put {key!r}: the upload session ended without creating the object; "
-                    "write it again"
-                ) from exc
-            raise AlreadyExistsError(f"object {key!r} already exists") from exc.__cause__
+        put = self._sdk.call(f"put {key!r}", request, *args)
+        refusal = await self._write_ids.send(key, write_id, put)
+        if refusal is None:
+            return  # written, now or by an earlier attempt whose answer was lost
+        if isinstance(refusal.error, NotFoundError):
+            raise UnavailableError(
+                f"GCS put {key!r}: the upload session ended without creating the object; "
+                "write it again"
+            ) from refusal.error
+        raise AlreadyExistsError(f"object {key!r} already exists") from refusal.cause
+
+    async def _metadata_at(self, key: str) -> Mapping[str, str] | None:
+        """The custom metadata of the object at ``key``, or ``None`` if there is none."""
+        blob = await self._sdk.call(f"head {key!r}", self._get_blob, self._name(key))
+        return None if blob is None else (blob.metadata or {})
 
     # --- blocking SDK calls, run on the pool --------------------------------------------------
 
@@ -276,7 +284,7 @@ class GCSObjectStore(ObjectStore):
     async def _start_upload(self, key: str, write_id: str, if_absent: bool) -> Any:
         if if_absent and await self._head(key) is not None:
             raise AlreadyExistsError(f"object {key!r} already exists")
-        return await self._call(f"put {key!r}", self._create_session, key, write_id, if_absent)
+        return await self._sdk.call(f"put {key!r}", self._create_session, key, write_id, if_absent)
 
     def _create_session(self, key: str, write_id: str, if_absent: bool) -> Any:
         from icefloe_store_gcs.resumable import ResumableUpload
@@ -297,7 +305,7 @@ class GCSObjectStore(ObjectStore):
         )
 
     async def _send_chunk(self, key: str, upload: Any, part: bytes, *, last: bool) -> None:
-        await self._call(f"put {key!r}", upload.send, part, last=last)
+        await self._sdk.call(f"put {key!r}", upload.send, part, last=last)
         self.stats.record(RequestKind.PUT, len(part), requests=0)
 
     def _finish_upload(self, upload: Any, part: bytes) -> None:
@@ -305,30 +313,9 @@ class GCSObjectStore(ObjectStore):
         self.stats.record(RequestKind.PUT, len(part), requests=0)
 
     async def _cancel_upload(self, upload: Any) -> None:
-        if self._closed:
+        if self._sdk.closed:
             return
         # Shielded: a cancelled writer still cleans up after itself. A failure here is
         # swallowed because the write's own failure is what the caller must see.
         with contextlib.suppress(Exception):
-            await asyncio.shield(self._call("cancel upload", upload.cancel))
-
-    # --- plumbing -----------------------------------------------------------------------------
-
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run blocking ``fn`` on the pool; SDK errors leave as :mod:`icefloe.errors` types."""
-        if self._closed:
-            raise ClosedError(f"the GCS object store on bucket {self._bucket_name!r} is closed")
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
-        except IcefloeError:
-            raise
-        except Exception as exc:
-            if _is_sdk_error(exc):
-                raise translate(exc, what, self._bucket_name) from exc
-            raise
-
-
-def _is_sdk_error(exc: BaseException) -> bool:
-    module = type(exc).__module__
-    return module.startswith(("google.", "requests", "urllib3")) or isinstance(exc, OSError)
+            await asyncio.shield(self._sdk.call("cancel upload", upload.cancel))

@@ -10,31 +10,26 @@ How each promise of the port is kept on S3:
   first attempt of a conditional write succeeded but its answer was lost, the retry meets its
   own object and gets 412. Every write therefore carries a random write id in its metadata,
   and a 412 is reported as :class:`~icefloe.errors.AlreadyExistsError` only after a ``HEAD``
-  shows that the object there is someone else's.
+  shows that the object there is someone else's (:class:`~icefloe.adapters.write_id.WriteIds`).
 - *Bounded memory*: ``put_stream`` buffers one part (``part_size``) at a time.
 
 boto3 is synchronous: every call runs on a bounded thread pool (``max_concurrency`` threads,
-as many pooled connections), never on the event loop.
+as many pooled connections), never on the event loop
+(:class:`~icefloe.adapters.blocking.BlockingSdk`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Final, Self, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from typing import Any, Final, Self
 
-from icefloe.errors import (
-    AlreadyExistsError,
-    ClosedError,
-    ConflictError,
-    NotFoundError,
-    StorageError,
-    UnavailableError,
-)
+from icefloe.adapters.blocking import BlockingSdk
+from icefloe.adapters.write_id import WriteIds, new_write_id
+from icefloe.errors import AlreadyExistsError, StorageError, UnavailableError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind
 from icefloe_store_s3.counting import RequestCounter
@@ -47,8 +42,6 @@ from icefloe_store_s3.errors import (
     translate,
 )
 from icefloe_store_s3.options import S3ObjectStoreOptions
-
-T = TypeVar("T")
 
 WRITE_ID: Final = "icefloe-write-id"
 """User metadata naming the write that created an object (``x-amz-meta-icefloe-write-id``)."""
@@ -78,10 +71,14 @@ class S3ObjectStore(ObjectStore):
         self._folder = f"{options.prefix}/" if options.prefix else ""
         self._part_size = options.part_size
         self._attempts = options.max_attempts
-        self._executor = ThreadPoolExecutor(
-            options.max_concurrency, thread_name_prefix="icefloe-s3"
+        self._sdk = BlockingSdk(
+            f"the S3 object store on bucket {options.bucket!r}",
+            threads=options.max_concurrency,
+            thread_name_prefix="icefloe-s3",
+            translate=functools.partial(translate, bucket=options.bucket),
+            sdk_modules=("botocore", "boto3", "urllib3"),
         )
-        self._closed = False
+        self._write_ids = WriteIds(WRITE_ID, self._metadata_at, refused=_ConditionNotMet)
         RequestCounter(self.stats).install(client)
 
     @classmethod
@@ -96,7 +93,7 @@ class S3ObjectStore(ObjectStore):
 
         store = cls(await asyncio.to_thread(make_client, options), options)
         try:
-            await store._call(
+            await store._sdk.call(
                 "list (at open)",
                 store._client.list_objects_v2,
                 Bucket=store._bucket,
@@ -110,11 +107,9 @@ class S3ObjectStore(ObjectStore):
 
     async def close(self) -> None:
         """Wait for running calls, then release the connections."""
-        if self._closed:
-            return
-        self._closed = True
-        await asyncio.to_thread(self._executor.shutdown, wait=True)
-        self._client.close()
+        if not self._sdk.closed:
+            await self._sdk.close()
+            self._client.close()
 
     # --- primitives ---------------------------------------------------------------------------
 
@@ -122,7 +117,7 @@ class S3ObjectStore(ObjectStore):
         self, key: str, data: bytes | bytearray | memoryview, if_absent: bool
     ) -> ObjectInfo:
         body = bytes(data)  # botocore signs and retries from a bytes body
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         await self._write(
             key, if_absent, write_id, self._put_object, key, body, write_id, if_absent
         )
@@ -132,7 +127,7 @@ class S3ObjectStore(ObjectStore):
     async def _put_stream(
         self, key: str, chunks: AsyncIterable[bytes | bytearray | memoryview], if_absent: bool
     ) -> ObjectInfo:
-        write_id = uuid.uuid4().hex
+        write_id = new_write_id()
         buffer = bytearray()
         upload: _MultipartUpload | None = None
         size = 0
@@ -160,12 +155,12 @@ class S3ObjectStore(ObjectStore):
                 await self._abort_upload(upload)
 
     async def _get(self, key: str, start: int, end: int | None) -> bytes:
-        data = await self._call(f"get {key!r}", self._read_range, self._name(key), start, end)
+        data = await self._sdk.call(f"get {key!r}", self._read_range, self._name(key), start, end)
         self.stats.record(RequestKind.GET, len(data), requests=0)
         return data
 
     async def _head(self, key: str) -> ObjectInfo | None:
-        found = await self._call(f"head {key!r}", self._head_object, self._name(key))
+        found = await self._sdk.call(f"head {key!r}", self._head_object, self._name(key))
         if found is None:
             return None
         return ObjectInfo(
@@ -174,14 +169,14 @@ class S3ObjectStore(ObjectStore):
 
     async def _delete(self, key: str) -> None:
         # S3 answers 204 whether or not the key existed: idempotent by nature.
-        await self._call(
+        await self._sdk.call(
             f"delete {key!r}", self._client.delete_object, Bucket=self._bucket, Key=self._name(key)
         )
 
     async def _list(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         token: str | None = None
         while True:
-            page = await self._call(f"list {prefix!r}", self._list_page, prefix, token)
+            page = await self._sdk.call(f"list {prefix!r}", self._list_page, prefix, token)
             for item in page.get("Contents", ()):
                 yield ObjectInfo(
                     item["Key"].removeprefix(self._folder),
@@ -205,26 +200,28 @@ class S3ObjectStore(ObjectStore):
     ) -> None:
         """Send a (conditional) write, resolving a refused condition into its true outcome."""
         for _ in range(self._attempts):
-            try:
-                await self._call(f"put {key!r}", request, *args)
-                return
-            except _ConditionNotMet as exc:
-                found = await self._call(f"head {key!r}", self._head_object, self._name(key))
-                if found is not None and found.get("Metadata", {}).get(WRITE_ID) == write_id:
-                    return  # an earlier attempt of this very write won; its answer was lost
-                if not if_absent:
-                    # Only a retried completion gets here, and the upload is gone without
-                    # having become this object: someone aborted it.
-                    raise StorageError(
-                        f"S3 put {key!r}: the multipart upload vanished before completing"
-                    ) from exc.__cause__
-                if found is not None:
-                    raise AlreadyExistsError(f"object {key!r} already exists") from exc.__cause__
-                # Refused, yet nothing is there: a concurrent conditional write failed (S3's
-                # 409 ConditionalRequestConflict). The key is free again: try once more.
+            put = self._sdk.call(f"put {key!r}", request, *args)
+            refusal = await self._write_ids.send(key, write_id, put)
+            if refusal is None:
+                return  # written, now or by an earlier attempt whose answer was lost
+            if not if_absent:
+                # Only a retried completion gets here, and the upload is gone without having
+                # become this object: someone aborted it.
+                raise StorageError(
+                    f"S3 put {key!r}: the multipart upload vanished before completing"
+                ) from refusal.cause
+            if refusal.taken:
+                raise AlreadyExistsError(f"object {key!r} already exists") from refusal.cause
+            # Refused, yet nothing is there: a concurrent conditional write failed (S3's 409
+            # ConditionalRequestConflict). The key is free again: try once more.
         raise UnavailableError(
             f"S3 put {key!r}: concurrent conditional writes kept conflicting; try again later"
         )
+
+    async def _metadata_at(self, key: str) -> Mapping[str, str] | None:
+        """The user metadata of the object at ``key``, or ``None`` if there is none."""
+        found = await self._sdk.call(f"head {key!r}", self._head_object, self._name(key))
+        return None if found is None else found.get("Metadata", {})
 
     # --- blocking SDK calls, run on the pool --------------------------------------------------
 
@@ -311,7 +308,7 @@ class S3ObjectStore(ObjectStore):
 
     async def _start_upload(self, key: str, write_id: str) -> _MultipartUpload:
         name = self._name(key)
-        response = await self._call(
+        response = await self._sdk.call(
             f"put {key!r}",
             self._client.create_multipart_upload,
             Bucket=self._bucket,
@@ -322,7 +319,7 @@ class S3ObjectStore(ObjectStore):
 
     async def _upload_part(self, upload: _MultipartUpload, part: bytes) -> None:
         number = len(upload.parts) + 1
-        response = await self._call(
+        response = await self._sdk.call(
             f"put {upload.name!r} (part {number})",
             self._client.upload_part,
             Bucket=self._bucket,
@@ -337,9 +334,9 @@ class S3ObjectStore(ObjectStore):
     async def _abort_upload(self, upload: _MultipartUpload) -> None:
         """Best effort: an upload left behind is invisible, and a bucket lifecycle rule
         (``AbortIncompleteMultipartUpload``) reclaims its parts."""
-        if self._closed:
+        if self._sdk.closed:
             return
-        abort = self._call(
+        abort = self._sdk.call(
             f"abort upload of {upload.name!r}",
             self._client.abort_multipart_upload,
             Bucket=self._bucket,
@@ -350,22 +347,6 @@ class S3ObjectStore(ObjectStore):
         # swallowed because the write's own failure is what the caller must see.
         with contextlib.suppress(Exception):
             await asyncio.shield(abort)
-
-    # --- plumbing -----------------------------------------------------------------------------
-
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run blocking ``fn`` on the pool; SDK errors leave as :mod:`icefloe.errors` types."""
-        if self._closed:
-            raise ClosedError(f"the S3 object store on bucket {self._bucket!r} is closed")
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
-        except (_ConditionNotMet, ConflictError, NotFoundError):
-            raise
-        except Exception as exc:
-            if type(exc).__module__.startswith(("botocore", "boto3", "urllib3")):
-                raise translate(exc, what, self._bucket) from exc
-            raise
 
 
 class _MultipartUpload:

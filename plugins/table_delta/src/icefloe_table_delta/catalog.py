@@ -19,12 +19,10 @@ table from this process are serialised.
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Final, Self
 
-from icefloe.errors import ClosedError, ConfigError, NotFoundError, StorageError
+from icefloe.adapters.blocking import BlockingSdk
+from icefloe.errors import ConfigError, NotFoundError, StorageError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.catalog import Catalog, CommitResult, DataFile, TableInfo, TableSpec
 from icefloe.ports.object_store import ObjectStore
@@ -32,8 +30,6 @@ from icefloe_table_delta.options import DeltaCatalogOptions
 
 if TYPE_CHECKING:
     from icefloe_table_delta.tables import DeltaTables
-
-T = TypeVar("T")
 
 DELTA_LOG: Final = "_delta_log"
 
@@ -49,11 +45,12 @@ class DeltaCatalog(Catalog):
         """Wrap the delta-rs operations; :meth:`open` is the usual way in."""
         self._tables = tables
         self._store = object_store
-        self._executor = ThreadPoolExecutor(
-            max_workers=options.max_workers, thread_name_prefix="icefloe-delta"
+        # Only ``run`` is used: DeltaTables translates delta-rs's errors itself, on the worker
+        # thread, where it knows which table failed.
+        self._sdk = BlockingSdk(
+            "the delta catalog", threads=options.max_workers, thread_name_prefix="icefloe-delta"
         )
         self._locks: dict[str, asyncio.Lock] = {}
-        self._closed = False
 
     @classmethod
     async def open(cls, options: DeltaCatalogOptions, context: OpenContext) -> Self:
@@ -69,36 +66,33 @@ class DeltaCatalog(Catalog):
         return cls(DeltaTables(storage, options.log_retention), context.object_store, options)
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._executor.shutdown(wait=True)
+        await self._sdk.close()
 
     # --- the port's primitives ----------------------------------------------------------------
 
     async def _ensure_table(self, spec: TableSpec) -> TableInfo:
         async with self._lock(spec):
-            return await self._run(self._tables.ensure_table, spec)
+            return await self._sdk.run(self._tables.ensure_table, spec)
 
     async def _commit(
         self, spec: TableSpec, sequence: int, added: list[DataFile], removed: list[str]
     ) -> CommitResult:
         async with self._lock(spec):
-            if sequence <= await self._run(self._tables.last_commit, spec):
+            if sequence <= await self._sdk.run(self._tables.last_commit, spec):
                 # Checked before the footers are read, so a retried commit costs one log read.
-                return await self._run(self._tables.commit, spec, sequence, [], [], {})
+                return await self._sdk.run(self._tables.commit, spec, sequence, [], [], {})
             stats = {f.path: await self._stats(spec, f) for f in added}
-            return await self._run(self._tables.commit, spec, sequence, added, removed, stats)
+            return await self._sdk.run(self._tables.commit, spec, sequence, added, removed, stats)
 
     async def _last_commit(self, spec: TableSpec) -> int:
-        return await self._run(self._tables.last_commit, spec)
+        return await self._sdk.run(self._tables.last_commit, spec)
 
     async def _files(self, spec: TableSpec) -> list[DataFile]:
-        return await self._run(self._tables.files, spec)
+        return await self._sdk.run(self._tables.files, spec)
 
     async def _expire(self, spec: TableSpec, older_than_ms: int) -> None:
         async with self._lock(spec):
-            await self._run(self._tables.expire, spec, older_than_ms)
+            await self._sdk.run(self._tables.expire, spec, older_than_ms)
 
     async def _drop(self, spec: TableSpec) -> None:
         # The table *is* its log: deleting ``_delta_log/`` drops it and leaves the data files
@@ -147,9 +141,3 @@ class DeltaCatalog(Catalog):
 
     def _lock(self, spec: TableSpec) -> asyncio.Lock:
         return self._locks.setdefault(spec.location, asyncio.Lock())
-
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        if self._closed:
-            raise ClosedError("the delta catalog is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))

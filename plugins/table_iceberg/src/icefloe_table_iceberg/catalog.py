@@ -17,14 +17,12 @@ this process are serialised (so they never race each other into a conflict).
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
-from icefloe.errors import ClosedError, ConfigError
+from icefloe.adapters.blocking import BlockingSdk
+from icefloe.errors import ConfigError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.catalog import Catalog, CommitResult, DataFile, TableInfo, TableSpec
 from icefloe.ports.object_store import ObjectStore
@@ -32,8 +30,6 @@ from icefloe_table_iceberg.options import DEFAULT_SQLITE_FILE, IcebergCatalogOpt
 
 if TYPE_CHECKING:
     from icefloe_table_iceberg.tables import IcebergTables
-
-T = TypeVar("T")
 
 WAREHOUSE_KEY = "iceberg-warehouse"
 """Object-store folder given to a SQL catalog as its warehouse (tables set their location)."""
@@ -50,11 +46,12 @@ class IcebergCatalog(Catalog):
         """Wrap a pyiceberg catalog; :meth:`open` is the usual way in."""
         self._tables = tables
         self._store = object_store
-        self._executor = ThreadPoolExecutor(
-            max_workers=options.max_workers, thread_name_prefix="icefloe-iceberg"
+        # Only ``run`` is used: IcebergTables translates pyiceberg's errors itself, on the
+        # worker thread, where it knows which table failed.
+        self._sdk = BlockingSdk(
+            "the iceberg catalog", threads=options.max_workers, thread_name_prefix="icefloe-iceberg"
         )
         self._locks: dict[str, asyncio.Lock] = {}
-        self._closed = False
 
     @classmethod
     async def open(cls, options: IcebergCatalogOptions, context: OpenContext) -> Self:
@@ -68,48 +65,41 @@ class IcebergCatalog(Catalog):
         return cls(tables, store, options)
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await asyncio.to_thread(self._tables.close)
-        self._executor.shutdown(wait=True)
+        if not self._sdk.closed:
+            # The catalog's connections are released once no running call uses them any more.
+            await self._sdk.close()
+            await asyncio.to_thread(self._tables.close)
 
     # --- the port's primitives ----------------------------------------------------------------
 
     async def _ensure_table(self, spec: TableSpec) -> TableInfo:
         async with self._lock(spec):
-            return await self._run(self._tables.ensure_table, spec)
+            return await self._sdk.run(self._tables.ensure_table, spec)
 
     async def _commit(
         self, spec: TableSpec, sequence: int, added: list[DataFile], removed: list[str]
     ) -> CommitResult:
         async with self._lock(spec):
-            return await self._run(self._tables.commit, spec, sequence, added, removed)
+            return await self._sdk.run(self._tables.commit, spec, sequence, added, removed)
 
     async def _last_commit(self, spec: TableSpec) -> int:
-        return await self._run(self._tables.last_commit, spec)
+        return await self._sdk.run(self._tables.last_commit, spec)
 
     async def _files(self, spec: TableSpec) -> list[DataFile]:
-        return await self._run(self._tables.files, spec)
+        return await self._sdk.run(self._tables.files, spec)
 
     async def _expire(self, spec: TableSpec, older_than_ms: int) -> None:
         async with self._lock(spec):
-            await self._run(self._tables.expire, spec, older_than_ms)
+            await self._sdk.run(self._tables.expire, spec, older_than_ms)
 
     async def _drop(self, spec: TableSpec) -> None:
         async with self._lock(spec):
-            await self._run(self._tables.drop, spec)
+            await self._sdk.run(self._tables.drop, spec)
 
     # --- helpers ------------------------------------------------------------------------------
 
     def _lock(self, spec: TableSpec) -> asyncio.Lock:
         return self._locks.setdefault(spec.identifier, asyncio.Lock())
-
-    async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        if self._closed:
-            raise ClosedError("the iceberg catalog is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
 
 def _connect(options: IcebergCatalogOptions, data_dir: Path, store: ObjectStore) -> IcebergTables:
