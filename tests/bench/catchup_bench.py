@@ -49,7 +49,7 @@ async def main(megabytes: int) -> None:
     with tempfile.TemporaryDirectory(prefix="icefloe-catchup-") as tmp:
         config = load_config(
             env={},
-            overrides={"data_dir": tmp, "tables": {"formats": []}},
+            overrides={"data_dir": tmp, "table": {"formats": []}},
         )
         async with await StreamStorage.open(config) as storage:
             topics = TopicRegistry(storage)

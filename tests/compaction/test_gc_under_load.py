@@ -87,7 +87,7 @@ async def test_nothing_referenced_is_ever_collected(tmp_path: Path) -> None:
                 values.extend(r.value for r in batch)
                 offset = batch[-1].offset + 1
             assert len(values) == written[stream]
-        for catalog in compactor.catalogs:
+        for catalog in compactor.table_formats.values():
             for f in await catalog.files(compactor.committer.table_spec("busy")):
                 key = f"tables/icefloe/busy/{f.path}"
                 assert await storage.object_store.head(key) is not None

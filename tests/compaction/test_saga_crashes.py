@@ -35,7 +35,7 @@ async def test_a_compactor_killed_at_any_step_is_finished_by_the_next_one(
         overrides={
             "data_dir": str(tmp_path),
             "storage": {"flush_interval_ms": 2},
-            "tables": {"formats": ["iceberg", "delta"]},
+            "table": {"formats": ["iceberg", "delta"]},
         },
     )
     async with await StreamStorage.open(config) as storage:
@@ -70,9 +70,9 @@ async def test_a_compactor_killed_at_any_step_is_finished_by_the_next_one(
                 for partition, stream in enumerate(topic.streams)
                 for offset, value in expected[stream]
             )
-            assert len(compactor.catalogs) == 2
+            assert len(compactor.table_formats) == 2
             table_root = tmp_path / "objects" / "tables" / "icefloe" / "events"
-            for catalog in compactor.catalogs:
+            for catalog in compactor.table_formats.values():
                 files = await catalog.files(compactor.committer.table_spec("events"))
                 rows = pa.concat_tables(pq.read_table(table_root / f.path) for f in files)
                 in_table = sorted(

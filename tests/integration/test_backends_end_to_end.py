@@ -57,7 +57,7 @@ def test_produce_and_consume_through_serve(
     tmp_path: Path, section: str, backend: str, options: Callable[[str], dict[str, Any]]
 ) -> None:
     env = environment(section, backend, options(backend))
-    env["ICEFLOE_TABLES__FORMATS"] = "[]"  # tables on remote stores are not what this tests
+    env["ICEFLOE_TABLE__FORMATS"] = "[]"  # tables on remote stores are not what this tests
     running = start_icefloe(tmp_path / "data", env=env)
     try:
         bootstrap = running.bootstrap

@@ -15,12 +15,12 @@ import pytest
 import pytest_asyncio
 
 from icefloe.ports.base import PortKind
-from icefloe.ports.catalog import Catalog, DataFile, TableInfo, TableSpec
 from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import DataFile, TableFormat, TableInfo, TableSpec
 from icefloe.storage.row_schema import ROW_SCHEMA
 from icefloe.tables import layout
-from icefloe.testing.catalog_contract import make_rows, parquet_bytes, rows_of
 from icefloe.testing.contract import open_backend
+from icefloe.testing.table_contract import make_rows, parquet_bytes, rows_of
 
 NAMESPACE, TOPIC = "shop", "orders"
 
@@ -34,12 +34,12 @@ async def store(tmp_path: Path) -> AsyncIterator[ObjectStore]:
 
 
 @pytest_asyncio.fixture
-async def formats(tmp_path: Path, store: ObjectStore) -> AsyncIterator[dict[str, Catalog]]:
+async def formats(tmp_path: Path, store: ObjectStore) -> AsyncIterator[dict[str, TableFormat]]:
     opened = {
         name: await open_backend(PortKind.TABLE, name, tmp_path, {}, object_store=store)
         for name in ("iceberg", "delta")
     }
-    yield {name: c for name, c in opened.items() if isinstance(c, Catalog)}
+    yield {name: c for name, c in opened.items() if isinstance(c, TableFormat)}
     for catalog in opened.values():
         await catalog.close()
 
@@ -96,14 +96,14 @@ def delta_rows(location: str) -> list[tuple[Any, ...]]:
     )
 
 
-def iceberg_rows(catalog: Catalog, spec: TableSpec) -> list[tuple[Any, ...]]:
+def iceberg_rows(catalog: TableFormat, spec: TableSpec) -> list[tuple[Any, ...]]:
     table = catalog._tables.catalog.load_table(spec.identifier)  # type: ignore[attr-defined]
     return rows_of(table.scan().to_arrow())
 
 
 @pytest.mark.asyncio
 async def test_both_formats_reference_the_same_files_and_every_reader_sees_the_rows(
-    store: ObjectStore, formats: dict[str, Catalog], spec: TableSpec
+    store: ObjectStore, formats: dict[str, TableFormat], spec: TableSpec
 ) -> None:
     infos: dict[str, TableInfo] = {}
     for name, catalog in formats.items():
@@ -135,7 +135,7 @@ async def test_both_formats_reference_the_same_files_and_every_reader_sees_the_r
 
 @pytest.mark.asyncio
 async def test_duckdb_reads_timestamps_as_written_through_both_formats(
-    store: ObjectStore, formats: dict[str, Catalog], spec: TableSpec
+    store: ObjectStore, formats: dict[str, TableFormat], spec: TableSpec
 ) -> None:
     for catalog in formats.values():
         await catalog.ensure_table(spec)
@@ -151,7 +151,7 @@ async def test_duckdb_reads_timestamps_as_written_through_both_formats(
 
 @pytest.mark.asyncio
 async def test_a_format_that_missed_a_commit_catches_up_by_replaying_it(
-    store: ObjectStore, formats: dict[str, Catalog], spec: TableSpec
+    store: ObjectStore, formats: dict[str, TableFormat], spec: TableSpec
 ) -> None:
     # A crash between the two formats' commits: Iceberg has commit 1, Delta does not. The
     # committer replays commit 1 everywhere; only Delta applies it.

@@ -84,8 +84,8 @@ def test_readme_run_command_serves_kafka_and_lands_topics_in_tables(tmp_path: Pa
         producer.close()
 
         rows = wait_for_tables(venv, workdir, env)
-        assert {row["format"] for row in rows} == {"IcebergCatalog", "DeltaCatalog"}
-        delta = next(row for row in rows if row["format"] == "DeltaCatalog")
+        assert {row["format"] for row in rows} == {"iceberg", "delta"}
+        delta = next(row for row in rows if row["format"] == "delta")
         table_root = Path(delta["location"].removeprefix("file://"))
         values = sorted(
             v.decode()

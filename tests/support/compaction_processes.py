@@ -45,8 +45,8 @@ def compact_and_crash(config: Config, crash_at: str) -> None:
                 _die()
 
         committer._save = save_then_maybe_die  # type: ignore[method-assign]
-        if crash_at == "first-table" and compactor.catalogs:
-            first = compactor.catalogs[0]
+        if crash_at == "first-table" and compactor.table_formats:
+            first = next(iter(compactor.table_formats.values()))
             commit = first.commit
 
             async def commit_then_die(*args: Any, **kwargs: Any) -> Any:

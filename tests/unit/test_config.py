@@ -13,7 +13,7 @@ from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
 from icefloe.errors import BackendNotInstalledError, ConfigError
 from icefloe.plugins import BackendRegistry, get_plugin_manager, hookimpl
 from icefloe.plugins.spec import BackendSpec
-from icefloe.ports import WAL, Catalog, CompactionEngine, MetadataStore
+from icefloe.ports import WAL, CompactionEngine, MetadataStore, TableFormat
 from icefloe.ports.base import BackendOptions, PortKind
 
 
@@ -28,7 +28,7 @@ def test_defaults_select_the_embedded_backends() -> None:
     assert config.metadata.backend == "sqlite"
     assert config.object_store.backend == "local"
     assert config.wal.backend == "object"
-    assert config.tables.formats == "installed"
+    assert config.table.formats == "installed"
 
 
 def test_one_line_in_the_file_selects_a_backend(tmp_path: Path) -> None:
@@ -45,12 +45,12 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
 def test_environment_values_are_parsed_as_toml_values() -> None:
     env = {
         "ICEFLOE_METADATA__SQLITE__POLL_INTERVAL": "0.5",
-        "ICEFLOE_TABLES__FORMATS": '["iceberg", "delta"]',
+        "ICEFLOE_TABLE__FORMATS": '["iceberg", "delta"]',
         "ICEFLOE_DATA_DIR": "/srv/icefloe",
     }
     config = load_config(env=env)
     assert config.metadata.options_for("sqlite") == {"poll_interval": 0.5}
-    assert config.tables.formats == ["iceberg", "delta"]
+    assert config.table.formats == ["iceberg", "delta"]
     assert config.data_dir == Path("/srv/icefloe")
 
 
@@ -118,9 +118,9 @@ def test_wrong_type_names_the_key_the_value_and_where_to_set_it(tmp_path: Path) 
 
 def test_wrong_type_of_a_core_key_is_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
-        load_config(write(tmp_path, "[tables]\nformats = 3\n"), env={})
+        load_config(write(tmp_path, "[table]\nformats = 3\n"), env={})
     message = one_line(exc)
-    assert "tables.formats" in message
+    assert "table.formats" in message
     assert "3" in message
 
 
@@ -154,12 +154,12 @@ def test_missing_config_file_is_reported(tmp_path: Path) -> None:
 
 def test_tables_default_to_every_installed_format() -> None:
     installed = {b.name for b in BackendRegistry().installed(PortKind.TABLE)}
-    chosen = {b.name for b in resolve(load_config(env={}), Catalog)}
+    chosen = {b.name for b in resolve(load_config(env={}), TableFormat)}
     assert chosen == installed
 
 
 def test_tables_can_be_switched_off() -> None:
-    assert resolve(load_config(env={"ICEFLOE_TABLES__FORMATS": "[]"}), Catalog) == []
+    assert resolve(load_config(env={"ICEFLOE_TABLE__FORMATS": "[]"}), TableFormat) == []
 
 
 def test_compaction_runs_in_process_by_default() -> None:

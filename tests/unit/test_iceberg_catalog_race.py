@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from icefloe_table_iceberg.catalog import _sql_catalog
+from icefloe_table_iceberg.table_format import _sql_catalog
 from sqlalchemy.exc import OperationalError
 
 

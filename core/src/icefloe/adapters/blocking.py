@@ -8,7 +8,7 @@ exceptions turned into :mod:`icefloe.errors` types raised ``from`` the original.
 :class:`BlockingSdk` is that, once.
 
 It is an object the adapter holds (``self._sdk``), not a base class or a mixin: the adapters
-already subclass their port (``ObjectStore``, ``Catalog``), whose constructors and ``close()``
+already subclass their port (``ObjectStore``, ``TableFormat``), whose constructors and ``close()``
 differ, and a mixin would have to thread its settings through that hierarchy and share the
 adapter's attribute names. Held as an attribute, its settings are plain constructor arguments,
 each adapter's ``close()`` stays its own (it releases its client after the pool), and a call

@@ -88,20 +88,20 @@ def tables(ctx: click.Context, as_json: bool) -> None:
         for topic in compactor.topics.cached():
             lag, _ = await compactor.backlog(topic)
             spec = compactor.committer.table_spec(topic.name)
-            for catalog in compactor.catalogs:
-                info = await catalog.ensure_table(spec)
+            for name, table_format in compactor.table_formats.items():
+                info = await table_format.ensure_table(spec)
                 rows.append(
                     {
                         "topic": topic.name,
-                        "format": type(catalog).__name__,
+                        "format": name,
                         "identifier": info.identifier,
                         "location": info.location,
                         "metadata_location": info.metadata_location,
-                        "commit": await catalog.last_commit(spec),
+                        "commit": await table_format.last_commit(spec),
                         "lag_records": lag,
                     }
                 )
-            if not compactor.catalogs:
+            if not compactor.table_formats:
                 rows.append(
                     {
                         "topic": topic.name,

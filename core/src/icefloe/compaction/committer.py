@@ -28,10 +28,10 @@ import msgpack
 
 from icefloe.compaction.planner import Plan
 from icefloe.keyspace import COMPACTION, prefix_end
-from icefloe.ports.catalog import Catalog, DataFile, TableSpec
 from icefloe.ports.compaction import CompactionEngine, CompactionTask, StreamRange, WrittenFile
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Record
 from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import DataFile, TableFormat, TableSpec
 from icefloe.storage import counters, keys
 from icefloe.storage.index import IndexEntry, ParquetLocation
 from icefloe.storage.offset_index import OffsetIndex
@@ -109,7 +109,7 @@ class Committer:
         offsets: OffsetIndex,
         store: ObjectStore,
         engine: CompactionEngine,
-        catalogs: Sequence[Catalog],
+        table_formats: Sequence[TableFormat],
         namespace: str,
         *,
         expire_every: int = 20,
@@ -119,7 +119,7 @@ class Committer:
         self._offsets = offsets
         self._store = store
         self._engine = engine
-        self._catalogs = list(catalogs)
+        self._table_formats = list(table_formats)
         self._namespace = namespace
         self._expire_every = expire_every
         self._history_ms = int(history_retention_s * 1000)
@@ -184,16 +184,16 @@ class Committer:
                     now_ms,
                 )
             )
-        for catalog in self._catalogs:
+        for table_format in self._table_formats:
             for topic, files in sorted(files_by_topic.items()):
                 spec = self.table_spec(topic)
-                if (id(catalog), topic) not in self._ensured:
-                    await catalog.ensure_table(spec)
-                    self._ensured.add((id(catalog), topic))
+                if (id(table_format), topic) not in self._ensured:
+                    await table_format.ensure_table(spec)
+                    self._ensured.add((id(table_format), topic))
                 sequence = record.sequences[topic]
-                await catalog.commit(spec, sequence, files)
+                await table_format.commit(spec, sequence, files)
                 if sequence % self._expire_every == 0:
-                    await catalog.expire(spec, now_ms - self._history_ms)
+                    await table_format.expire(spec, now_ms - self._history_ms)
 
     async def _swap(self, record: TaskRecord, stream_id: int, replaced: list[str]) -> None:
         assert record.files is not None

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Self
 
@@ -22,9 +22,9 @@ from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION
 from icefloe.ports.base import OpenContext
-from icefloe.ports.catalog import Catalog
 from icefloe.ports.compaction import CompactionEngine
 from icefloe.ports.metadata import MUST_NOT_EXIST
+from icefloe.ports.table import TableFormat
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import Topic, TopicRegistry
 
@@ -51,14 +51,15 @@ class Compactor:
         storage: StreamStorage,
         topics: TopicRegistry,
         engine: CompactionEngine,
-        catalogs: Sequence[Catalog],
+        table_formats: Mapping[str, TableFormat],
         options: CompactorOptions,
         namespace: str,
     ) -> None:
         self.storage = storage
         self.topics = topics
         self._engine = engine
-        self.catalogs = list(catalogs)
+        self.table_formats = dict(table_formats)
+        """The enabled table formats by name (``"iceberg"``), all committing the same files."""
         self._options = options
         self._namespace = namespace
         self.committer = Committer(
@@ -66,7 +67,7 @@ class Compactor:
             storage.offset_index,
             storage.object_store,
             engine,
-            catalogs,
+            list(table_formats.values()),
             namespace,
             expire_every=options.expire_every_commits,
             history_retention_s=options.history_retention_s,
@@ -84,16 +85,17 @@ class Compactor:
             config=config,
         )
         engine = await configuration.resolve_one(config, CompactionEngine).open(context)
-        catalogs = [
-            await backend.open(context) for backend in configuration.resolve(config, Catalog)
-        ]
+        table_formats = {
+            backend.name: await backend.open(context)
+            for backend in configuration.resolve(config, TableFormat)
+        }
         return cls(
             storage,
             topics,
             engine,
-            catalogs,
+            table_formats,
             config.compactor,
-            config.tables.namespace,
+            config.table.namespace,
         )
 
     async def backlog(self, topic: Topic) -> tuple[int, int]:
@@ -108,8 +110,8 @@ class Compactor:
 
     async def close(self) -> None:
         await self._engine.close()
-        for catalog in self.catalogs:
-            await catalog.close()
+        for table_format in self.table_formats.values():
+            await table_format.close()
 
     async def compact_once(self, *, force: bool = False) -> Progress | None:
         """Finish any unfinished task, then plan and run one new task if one is due."""

@@ -14,7 +14,7 @@ switching backend is one line and several backends' settings can live side by si
     [metadata.etcd]
     endpoints = ["http://127.0.0.1:2379"]
 
-Table formats are different: several are active at once (``[tables] formats = ["iceberg"]``).
+Table formats are different: several are active at once (``[table] formats = ["iceberg"]``).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class CompactionSection(BackendSection):
 INSTALLED: Final = "installed"
 
 
-class TablesSection(_Section):
+class TableSection(_Section):
     """Table formats to commit compacted files to, several at once.
 
     ``formats = "installed"`` (the default) means every table-format plugin that is installed,
@@ -113,15 +113,15 @@ class Config(BaseModel):
     metadata: MetadataSection = MetadataSection()
     object_store: ObjectStoreSection = ObjectStoreSection()
     wal: WalSection = WalSection()
-    tables: TablesSection = TablesSection()
+    table: TableSection = TableSection()
     compaction: CompactionSection = CompactionSection()
     compactor: CompactorOptions = CompactorOptions()
     storage: StorageOptions = StorageOptions()
     broker: BrokerOptions = BrokerOptions()
     groups: GroupOptions = GroupOptions()
 
-    def section(self, kind: PortKind) -> BackendSection | TablesSection:
-        section: BackendSection | TablesSection = getattr(self, kind.value)
+    def section(self, kind: PortKind) -> BackendSection | TableSection:
+        section: BackendSection | TableSection = getattr(self, kind.value)
         return section
 
 
@@ -314,7 +314,7 @@ def resolve(
                 f"config section [{kind.value}.{name}] names no {kind.value} backend; "
                 f"valid choices: {', '.join(valid)}"
             )
-    if isinstance(section, TablesSection):
+    if isinstance(section, TableSection):
         names = (
             [b.name for b in registry.installed(kind)]
             if section.formats == INSTALLED
@@ -325,7 +325,7 @@ def resolve(
     resolved = []
     for name in names:
         if name not in valid:
-            setting = "formats" if isinstance(section, TablesSection) else "backend"
+            setting = "formats" if isinstance(section, TableSection) else "backend"
             raise ConfigError(
                 f"[{kind.value}] {setting}: {name!r} is not a {kind.value} backend; "
                 f"valid choices: {', '.join(valid)} (set in the config file or "
@@ -361,7 +361,7 @@ def resolve_one(
 
 
 def _validate_options(
-    kind: PortKind, name: str, cls: type[Port], section: BackendSection | TablesSection
+    kind: PortKind, name: str, cls: type[Port], section: BackendSection | TableSection
 ) -> BackendOptions:
     raw = section.options_for(name)
     try:

@@ -8,7 +8,6 @@ the adapter's underscore-prefixed primitive. Adapters declare optional capabilit
 from __future__ import annotations
 
 from icefloe.ports.base import BackendOptions, NoOptions, OpenContext, Port, PortKind
-from icefloe.ports.catalog import Catalog, CommitResult, DataFile, TableInfo, TableSpec
 from icefloe.ports.compaction import CompactionEngine, CompactionTask, StreamRange, WrittenFile
 from icefloe.ports.metadata import (
     MUST_NOT_EXIST,
@@ -20,13 +19,14 @@ from icefloe.ports.metadata import (
     WatchEvent,
 )
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind, RequestStats
+from icefloe.ports.table import CommitResult, DataFile, TableFormat, TableInfo, TableSpec
 from icefloe.ports.wal import WAL, WalObjectInfo
 
 PORTS: dict[PortKind, type[Port]] = {
     PortKind.METADATA: MetadataStore,
     PortKind.OBJECT_STORE: ObjectStore,
     PortKind.WAL: WAL,
-    PortKind.TABLE: Catalog,
+    PortKind.TABLE: TableFormat,
     PortKind.COMPACTION: CompactionEngine,
 }
 """Each port's class, by kind."""
@@ -36,7 +36,6 @@ __all__ = [
     "PORTS",
     "WAL",
     "BackendOptions",
-    "Catalog",
     "CommitResult",
     "CompactionEngine",
     "CompactionTask",
@@ -54,6 +53,7 @@ __all__ = [
     "RequestStats",
     "Session",
     "StreamRange",
+    "TableFormat",
     "TableInfo",
     "TableSpec",
     "WalObjectInfo",

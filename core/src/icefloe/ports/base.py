@@ -22,7 +22,7 @@ class PortKind(enum.StrEnum):
     METADATA = "metadata"
     OBJECT_STORE = "object_store"
     WAL = "wal"
-    TABLE = "tables"
+    TABLE = "table"
     COMPACTION = "compaction"
 
 

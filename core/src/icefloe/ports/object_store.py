@@ -225,5 +225,5 @@ class ObjectStore(Port):
     def _url(self, key: str) -> str:
         raise CapabilityError(
             f"{type(self).__name__} cannot give table engines a URL for its objects yet; "
-            "run without table formats on it: [tables] formats = [] (ICEFLOE_TABLES__FORMATS=[])"
+            "run without table formats on it: [table] formats = [] (ICEFLOE_TABLE__FORMATS=[])"
         )

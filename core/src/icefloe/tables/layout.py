@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from icefloe.ports.catalog import TableSpec
 from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import TableSpec
 from icefloe.storage.row_schema import ROW_SCHEMA
 
 TABLES: Final = "tables"

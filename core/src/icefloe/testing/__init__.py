@@ -25,6 +25,6 @@ CONTRACTS: Final[dict[PortKind, str]] = {
     PortKind.OBJECT_STORE: "icefloe.testing.object_store_contract:ObjectStoreContract",
     PortKind.WAL: "icefloe.testing.wal_contract:WALContract",
     PortKind.COMPACTION: "icefloe.testing.compaction_contract:CompactionEngineContract",
-    PortKind.TABLE: "icefloe.testing.catalog_contract:CatalogContract",
+    PortKind.TABLE: "icefloe.testing.table_contract:TableFormatContract",
 }
 """The contract suite of each port, as ``"module:Class"`` (imported only when run)."""

@@ -14,7 +14,7 @@ from icefloe.errors import (
     StorageError,
     UnavailableError,
 )
-from icefloe.ports.catalog import TableSpec
+from icefloe.ports.table import TableSpec
 
 
 @contextlib.contextmanager

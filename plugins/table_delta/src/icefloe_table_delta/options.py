@@ -1,4 +1,4 @@
-"""Options of ``[tables] backend = "delta"`` (the ``[tables.delta]`` table)."""
+"""Options of the ``delta`` table format (the ``[table.delta]`` table)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pydantic import Field
 from icefloe.ports.base import BackendOptions
 
 
-class DeltaCatalogOptions(BackendOptions):
+class DeltaTableFormatOptions(BackendOptions):
     """How Delta tables are kept. Where they live comes from the object store."""
 
     log_retention: str = Field(default="interval 7 days", pattern=r"^interval \d+ [a-z]+$")

@@ -13,7 +13,7 @@ def icefloe_register_backends() -> list[BackendSpec]:
         BackendSpec(
             PortKind.TABLE,
             "delta",
-            "icefloe_table_delta.catalog:DeltaCatalog",
+            "icefloe_table_delta.table_format:DeltaTableFormat",
             "Delta Lake tables written by delta-rs; no server needed",
         )
     ]

@@ -27,7 +27,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from icefloe.errors import AlreadyExistsError, ConflictError, NotFoundError
-from icefloe.ports.catalog import CommitResult, DataFile, TableInfo, TableSpec
+from icefloe.ports.table import CommitResult, DataFile, TableInfo, TableSpec
 from icefloe_table_delta.errors import translated
 
 APP_ID: Final = "icefloe"

@@ -4,7 +4,7 @@
 (what delta-rs, DuckDB's delta extension and Polars take: ``aws_access_key_id``, …). pyiceberg
 has its own names (``s3.access-key-id``, …). This module translates the settings both sides
 know; anything else is left out, and an operator can still set any pyiceberg property through
-``[tables.iceberg] properties``.
+``[table.iceberg] properties``.
 """
 
 from __future__ import annotations

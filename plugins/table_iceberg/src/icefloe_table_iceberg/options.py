@@ -1,4 +1,4 @@
-"""Options of ``[tables] backend = "iceberg"`` (the ``[tables.iceberg]`` table)."""
+"""Options of the ``iceberg`` table format (the ``[table.iceberg]`` table)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ DEFAULT_SQLITE_FILE = "iceberg-catalog.db"
 """The embedded catalog's file, in the data folder, when ``catalog = "sql"`` sets no ``uri``."""
 
 
-class IcebergCatalogOptions(BackendOptions):
+class IcebergTableFormatOptions(BackendOptions):
     """Which Iceberg catalog holds the tables, and how to reach it.
 
     The default needs nothing: a pyiceberg ``SqlCatalog`` on a SQLite file in the data folder,

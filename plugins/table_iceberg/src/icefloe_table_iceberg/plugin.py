@@ -13,7 +13,7 @@ def icefloe_register_backends() -> list[BackendSpec]:
         BackendSpec(
             PortKind.TABLE,
             "iceberg",
-            "icefloe_table_iceberg.catalog:IcebergCatalog",
+            "icefloe_table_iceberg.table_format:IcebergTableFormat",
             "Apache Iceberg tables in a SQL (SQLite by default) or REST catalog (pyiceberg)",
         )
     ]

@@ -40,7 +40,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
 from icefloe.errors import AlreadyExistsError, ConflictError, NotFoundError
-from icefloe.ports.catalog import CommitResult, DataFile, TableInfo, TableSpec
+from icefloe.ports.table import CommitResult, DataFile, TableInfo, TableSpec
 from icefloe_table_iceberg.errors import translated
 
 SEQUENCE_PROPERTY: Final = "icefloe.commit-sequence"

@@ -1,4 +1,4 @@
-"""The Delta table format runs the Catalog contract, plus what only Delta has."""
+"""The Delta table format runs the TableFormat contract, plus what only Delta has."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from icefloe.ports.catalog import Catalog, TableSpec
 from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import TableFormat, TableSpec
 from icefloe.tables import layout
-from icefloe.testing.catalog_contract import CatalogContract
+from icefloe.testing.table_contract import TableFormatContract
 
 
 def delta_table(spec: TableSpec) -> Any:
@@ -43,20 +43,25 @@ def log_entries(spec: TableSpec, store_root: Path) -> list[dict[str, Any]]:
     ]
 
 
-class TestDeltaCatalog(CatalogContract):
+class TestDeltaTableFormat(TableFormatContract):
     backend_name = "delta"
 
-    async def read_rows(self, catalog: Catalog, spec: TableSpec) -> pa.Table:
+    async def read_rows(self, table_format: TableFormat, spec: TableSpec) -> pa.Table:
         return delta_rows(spec)
 
     # --- Delta only ---------------------------------------------------------------------------
 
     @pytest.mark.asyncio
     async def test_commit_writes_relative_adds_with_stats_and_the_app_transaction(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec, tmp_path: Path, unique: str
+        self,
+        table_format: TableFormat,
+        store: ObjectStore,
+        table: TableSpec,
+        tmp_path: Path,
+        unique: str,
     ) -> None:
         a = await self.write_file(store, table, 2, range(10, 20))
-        await catalog.commit(table, 9, [a])
+        await table_format.commit(table, 9, [a])
         entries = log_entries(table, tmp_path / unique / "objects")
         (add,) = [e["add"] for e in entries if "add" in e]
         (txn,) = [e["txn"] for e in entries if "txn" in e]
@@ -75,23 +80,33 @@ class TestDeltaCatalog(CatalogContract):
 
     @pytest.mark.asyncio
     async def test_remove_actions_name_the_removed_file(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec, tmp_path: Path, unique: str
+        self,
+        table_format: TableFormat,
+        store: ObjectStore,
+        table: TableSpec,
+        tmp_path: Path,
+        unique: str,
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
         b = await self.write_file(store, table, 0, range(3))
-        await catalog.commit(table, 1, [a])
-        await catalog.commit(table, 2, [b], [a.path])
+        await table_format.commit(table, 1, [a])
+        await table_format.commit(table, 2, [b], [a.path])
         entries = log_entries(table, tmp_path / unique / "objects")
         (remove,) = [e["remove"] for e in entries if "remove" in e]
         assert (remove["path"], remove["dataChange"], remove["size"]) == (a.path, True, a.size)
 
     @pytest.mark.asyncio
     async def test_expire_checkpoints_and_keeps_the_sequence(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec, tmp_path: Path, unique: str
+        self,
+        table_format: TableFormat,
+        store: ObjectStore,
+        table: TableSpec,
+        tmp_path: Path,
+        unique: str,
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
-        await catalog.commit(table, 5, [a])
-        await catalog.expire(table, int(time.time() * 1000))
+        await table_format.commit(table, 5, [a])
+        await table_format.expire(table, int(time.time() * 1000))
         log = tmp_path / unique / "objects" / layout.table_root(table.namespace, table.name)
         assert list((log / "_delta_log").glob("*.checkpoint.parquet"))
         assert delta_table(table).transaction_version("icefloe") == 5
@@ -100,27 +115,31 @@ class TestDeltaCatalog(CatalogContract):
     async def test_expire_drops_no_log_version_younger_than_the_retention(
         self, store: ObjectStore, spec: TableSpec, tmp_path: Path, unique: str
     ) -> None:
-        catalog = await self.open_catalog(tmp_path, {"log_retention": "interval 0 seconds"}, store)
+        table_format = await self.open_table_format(
+            tmp_path, {"log_retention": "interval 0 seconds"}, store
+        )
         try:
-            await catalog.ensure_table(spec)
+            await table_format.ensure_table(spec)
             for sequence in (1, 2, 3):
-                await catalog.commit(
+                await table_format.commit(
                     spec, sequence, [await self.write_file(store, spec, 0, [sequence])]
                 )
             log = tmp_path / unique / "objects" / layout.table_root(spec.namespace, spec.name)
             versions = sorted((log / "_delta_log").glob("*.json"))
-            await catalog.expire(spec, 0)  # older than 1970: nothing may go
+            await table_format.expire(spec, 0)  # older than 1970: nothing may go
             assert sorted((log / "_delta_log").glob("*.json")) == versions
-            await catalog.expire(spec, int(time.time() * 1000) + 1000)  # everything may go
+            await table_format.expire(spec, int(time.time() * 1000) + 1000)  # everything may go
             assert len(sorted((log / "_delta_log").glob("*.json"))) < len(versions)
-            assert await self.rows(catalog, spec) == self.expected((0, [1, 2, 3]))
-            assert await catalog.last_commit(spec) == 3
+            assert await self.rows(table_format, spec) == self.expected((0, [1, 2, 3]))
+            assert await table_format.last_commit(spec) == 3
         finally:
-            await catalog.close()
+            await table_format.close()
 
     @pytest.mark.asyncio
     async def test_a_bad_log_retention_is_refused_at_open(
         self, store: ObjectStore, tmp_path: Path
     ) -> None:
         with pytest.raises(ValueError, match="interval"):
-            await self.open_catalog(tmp_path, {"log_retention": "interval 3 fortnights"}, store)
+            await self.open_table_format(
+                tmp_path, {"log_retention": "interval 3 fortnights"}, store
+            )

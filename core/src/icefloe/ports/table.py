@@ -1,9 +1,9 @@
-"""The Catalog port: one lakehouse table format (Iceberg, Delta, …) for topic tables.
+"""The TableFormat port: one lakehouse table format (Iceberg, Delta, …) for topic tables.
 
 Several catalogs are active at once and register the *same* Parquet files: Icefloe writes each
 data file once, under the table root, and every enabled format references it in place.
 
-Contract (executable form: ``icefloe.testing.catalog_contract``):
+Contract (executable form: ``icefloe.testing.table_contract``):
 
 - ``ensure_table(spec)`` creates the table if absent and is a no-op if it exists with the same
   spec; it returns where the table lives.
@@ -37,7 +37,7 @@ class TableSpec:
     """A topic's table.
 
     Attributes:
-        namespace: Catalog namespace (database) for Icefloe's tables.
+        namespace: The catalog namespace (database) of Icefloe's tables.
         name: Table name, derived from the topic.
         location: URL of the table root; data files live at
             ``<location>/partition=<p>/<file>.parquet``.
@@ -89,7 +89,7 @@ class TableInfo:
     """Where an engine finds the table (Iceberg ``metadata.json``), if the format has one."""
 
 
-class Catalog(Port):
+class TableFormat(Port):
     """One table format; see the module docstring for the contract."""
 
     kind: ClassVar[PortKind] = PortKind.TABLE

@@ -1,4 +1,4 @@
-"""The Iceberg adapter: the Catalog port on pyiceberg, with a SQL or a REST catalog.
+"""The Iceberg adapter: the TableFormat port on pyiceberg, with a SQL or a REST catalog.
 
 How each promise of the port is kept (details in :mod:`icefloe_table_iceberg.tables`):
 
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Self
 from icefloe.adapters.blocking import BlockingSdk
 from icefloe.errors import ConfigError
 from icefloe.ports.base import OpenContext
-from icefloe.ports.catalog import Catalog, CommitResult, DataFile, TableInfo, TableSpec
 from icefloe.ports.object_store import ObjectStore
-from icefloe_table_iceberg.options import DEFAULT_SQLITE_FILE, IcebergCatalogOptions
+from icefloe.ports.table import CommitResult, DataFile, TableFormat, TableInfo, TableSpec
+from icefloe_table_iceberg.options import DEFAULT_SQLITE_FILE, IcebergTableFormatOptions
 
 if TYPE_CHECKING:
     from icefloe_table_iceberg.tables import IcebergTables
@@ -35,13 +35,13 @@ WAREHOUSE_KEY = "iceberg-warehouse"
 """Object-store folder given to a SQL catalog as its warehouse (tables set their location)."""
 
 
-class IcebergCatalog(Catalog):
+class IcebergTableFormat(TableFormat):
     """Topic tables in an Iceberg catalog; see the module docstring."""
 
-    options_model = IcebergCatalogOptions
+    options_model = IcebergTableFormatOptions
 
     def __init__(
-        self, tables: IcebergTables, object_store: ObjectStore, options: IcebergCatalogOptions
+        self, tables: IcebergTables, object_store: ObjectStore, options: IcebergTableFormatOptions
     ) -> None:
         """Wrap a pyiceberg catalog; :meth:`open` is the usual way in."""
         self._tables = tables
@@ -54,11 +54,11 @@ class IcebergCatalog(Catalog):
         self._locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
-    async def open(cls, options: IcebergCatalogOptions, context: OpenContext) -> Self:
+    async def open(cls, options: IcebergTableFormatOptions, context: OpenContext) -> Self:
         if context.object_store is None:
             raise ConfigError(
                 "the iceberg table backend keeps its files in the object store: "
-                "configure [object_store] before [tables]"
+                "configure [object_store] before [table]"
             )
         store = context.object_store
         tables = await asyncio.to_thread(_connect, options, context.data_dir, store)
@@ -102,7 +102,9 @@ class IcebergCatalog(Catalog):
         return self._locks.setdefault(spec.identifier, asyncio.Lock())
 
 
-def _connect(options: IcebergCatalogOptions, data_dir: Path, store: ObjectStore) -> IcebergTables:
+def _connect(
+    options: IcebergTableFormatOptions, data_dir: Path, store: ObjectStore
+) -> IcebergTables:
     """Build the pyiceberg catalog (imports the SDK: called from ``open`` only)."""
     from icefloe_table_iceberg.fileio import fileio_properties
     from icefloe_table_iceberg.tables import IcebergTables, merged

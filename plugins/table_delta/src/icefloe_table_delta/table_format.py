@@ -1,4 +1,4 @@
-"""The Delta adapter: the Catalog port on delta-rs (``deltalake``), no server needed.
+"""The Delta adapter: the TableFormat port on delta-rs (``deltalake``), no server needed.
 
 How each promise of the port is kept (details in :mod:`icefloe_table_delta.tables`):
 
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Final, Self
 from icefloe.adapters.blocking import BlockingSdk
 from icefloe.errors import ConfigError, NotFoundError, StorageError
 from icefloe.ports.base import OpenContext
-from icefloe.ports.catalog import Catalog, CommitResult, DataFile, TableInfo, TableSpec
 from icefloe.ports.object_store import ObjectStore
-from icefloe_table_delta.options import DeltaCatalogOptions
+from icefloe.ports.table import CommitResult, DataFile, TableFormat, TableInfo, TableSpec
+from icefloe_table_delta.options import DeltaTableFormatOptions
 
 if TYPE_CHECKING:
     from icefloe_table_delta.tables import DeltaTables
@@ -34,13 +34,13 @@ if TYPE_CHECKING:
 DELTA_LOG: Final = "_delta_log"
 
 
-class DeltaCatalog(Catalog):
+class DeltaTableFormat(TableFormat):
     """Topic tables as Delta tables in the object store; see the module docstring."""
 
-    options_model = DeltaCatalogOptions
+    options_model = DeltaTableFormatOptions
 
     def __init__(
-        self, tables: DeltaTables, object_store: ObjectStore, options: DeltaCatalogOptions
+        self, tables: DeltaTables, object_store: ObjectStore, options: DeltaTableFormatOptions
     ) -> None:
         """Wrap the delta-rs operations; :meth:`open` is the usual way in."""
         self._tables = tables
@@ -53,11 +53,11 @@ class DeltaCatalog(Catalog):
         self._locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
-    async def open(cls, options: DeltaCatalogOptions, context: OpenContext) -> Self:
+    async def open(cls, options: DeltaTableFormatOptions, context: OpenContext) -> Self:
         if context.object_store is None:
             raise ConfigError(
                 "the delta table backend keeps its tables in the object store: "
-                "configure [object_store] before [tables]"
+                "configure [object_store] before [table]"
             )
         from icefloe_table_delta.tables import DeltaTables, interval_ms
 

@@ -1,4 +1,4 @@
-"""The Iceberg table format runs the Catalog contract on its embedded SQLite catalog and on a
+"""The Iceberg table format runs the table contract on its embedded SQLite catalog and on a
 real Iceberg REST catalog (the reference fixture server), plus what only Iceberg has."""
 
 from __future__ import annotations
@@ -11,30 +11,30 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from icefloe.ports.catalog import Catalog, TableSpec
 from icefloe.ports.object_store import ObjectStore
-from icefloe.testing.catalog_contract import CatalogContract
+from icefloe.ports.table import TableFormat, TableSpec
+from icefloe.testing.table_contract import TableFormatContract
 from tests.support.iceberg_rest import iceberg_rest
 
 
-def pyiceberg_table(catalog: Catalog, spec: TableSpec) -> Any:
+def pyiceberg_table(table_format: TableFormat, spec: TableSpec) -> Any:
     """The table as pyiceberg sees it, through the adapter's own catalog connection."""
-    return catalog._tables.catalog.load_table(spec.identifier)  # type: ignore[attr-defined]
+    return table_format._tables.catalog.load_table(spec.identifier)  # type: ignore[attr-defined]
 
 
-class TestIcebergCatalog(CatalogContract):
+class TestIcebergTableFormat(TableFormatContract):
     backend_name = "iceberg"
 
-    async def read_rows(self, catalog: Catalog, spec: TableSpec) -> pa.Table:
-        return pyiceberg_table(catalog, spec).scan().to_arrow()
+    async def read_rows(self, table_format: TableFormat, spec: TableSpec) -> pa.Table:
+        return pyiceberg_table(table_format, spec).scan().to_arrow()
 
     # --- Iceberg only -------------------------------------------------------------------------
 
     @pytest.mark.asyncio
     async def test_table_is_made_for_sharing_its_files(
-        self, catalog: Catalog, table: TableSpec
+        self, table_format: TableFormat, table: TableSpec
     ) -> None:
-        iceberg = pyiceberg_table(catalog, table)
+        iceberg = pyiceberg_table(table_format, table)
         properties = iceberg.properties
         assert properties["gc.enabled"] == "false"
         assert properties["write.metadata.path"] == table.metadata_location
@@ -47,10 +47,10 @@ class TestIcebergCatalog(CatalogContract):
 
     @pytest.mark.asyncio
     async def test_metadata_lives_outside_the_table_root(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
-        await catalog.commit(table, 1, [await self.write_file(store, table, 0, range(3))])
-        info = await catalog.ensure_table(table)
+        await table_format.commit(table, 1, [await self.write_file(store, table, 0, range(3))])
+        info = await table_format.ensure_table(table)
         assert info.metadata_location is not None
         assert info.metadata_location.startswith(table.metadata_location + "/")
         assert info.metadata_location.endswith(".metadata.json")
@@ -58,29 +58,29 @@ class TestIcebergCatalog(CatalogContract):
 
     @pytest.mark.asyncio
     async def test_snapshot_summary_carries_the_sequence(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
-        await catalog.commit(table, 12, [await self.write_file(store, table, 0, range(3))])
-        snapshot = pyiceberg_table(catalog, table).current_snapshot()
+        await table_format.commit(table, 12, [await self.write_file(store, table, 0, range(3))])
+        snapshot = pyiceberg_table(table_format, table).current_snapshot()
         assert snapshot.summary["icefloe.commit-sequence"] == "12"
 
     @pytest.mark.asyncio
     async def test_expire_drops_old_snapshots(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         for sequence in (1, 2, 3):
-            await catalog.commit(
+            await table_format.commit(
                 table, sequence, [await self.write_file(store, table, 0, [sequence])]
             )
-        assert len(pyiceberg_table(catalog, table).snapshots()) == 3
-        await catalog.expire(table, 0)  # nothing is that old
-        assert len(pyiceberg_table(catalog, table).snapshots()) == 3
-        await catalog.expire(table, int(time.time() * 1000) + 60_000)
-        assert len(pyiceberg_table(catalog, table).snapshots()) == 1  # the head stays
+        assert len(pyiceberg_table(table_format, table).snapshots()) == 3
+        await table_format.expire(table, 0)  # nothing is that old
+        assert len(pyiceberg_table(table_format, table).snapshots()) == 3
+        await table_format.expire(table, int(time.time() * 1000) + 60_000)
+        assert len(pyiceberg_table(table_format, table).snapshots()) == 1  # the head stays
 
     @pytest.mark.asyncio
     async def test_default_catalog_is_sqlite_in_the_data_dir(
-        self, catalog: Catalog, table: TableSpec, tmp_path: Path
+        self, table_format: TableFormat, table: TableSpec, tmp_path: Path
     ) -> None:
         assert (tmp_path / "iceberg-catalog.db").is_file()
 
@@ -105,7 +105,7 @@ class TestIcebergCatalog(CatalogContract):
         }
 
 
-class TestIcebergCatalogOnRest(CatalogContract):
+class TestIcebergTableFormatOnRest(TableFormatContract):
     """The same contract through a real REST catalog: the server writes the metadata."""
 
     backend_name = "iceberg"
@@ -113,12 +113,12 @@ class TestIcebergCatalogOnRest(CatalogContract):
     def backend_options(self, workdir: Path, unique: str) -> dict[str, Any]:
         return {"catalog": "rest", "uri": iceberg_rest().url}
 
-    async def read_rows(self, catalog: Catalog, spec: TableSpec) -> pa.Table:
-        return pyiceberg_table(catalog, spec).scan().to_arrow()
+    async def read_rows(self, table_format: TableFormat, spec: TableSpec) -> pa.Table:
+        return pyiceberg_table(table_format, spec).scan().to_arrow()
 
     def test_rest_options_need_a_uri(self) -> None:
-        from icefloe_table_iceberg.options import IcebergCatalogOptions
+        from icefloe_table_iceberg.options import IcebergTableFormatOptions
         from pydantic import ValidationError
 
         with pytest.raises(ValidationError, match="uri"):
-            IcebergCatalogOptions.model_validate({"catalog": "rest"})
+            IcebergTableFormatOptions.model_validate({"catalog": "rest"})

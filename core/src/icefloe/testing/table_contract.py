@@ -1,18 +1,18 @@
-"""The Catalog contract suite: the executable form of ``icefloe.ports.catalog``.
+"""The TableFormat contract suite: the executable form of ``icefloe.ports.table``.
 
 A table format opts in with a small class in its tests::
 
-    class TestIcebergCatalog(CatalogContract):
+    class TestIcebergTableFormat(TableFormatContract):
         backend_name = "iceberg"
 
-        def read_rows(self, catalog, spec):
+        def read_rows(self, table_format, spec):
             ...  # the format's own reader, e.g. pyiceberg's scan
 
 The suite writes real Parquet files the way Icefloe's compaction does — the row schema, no
 field ids, the partition column inside the file — into a local object store under the table
 root, commits them, and checks the result through the format's own reader
-(:meth:`CatalogContract.read_rows`, the back door) and through the object store's bytes.
-Override :meth:`CatalogContract.open_object_store` to run a format on another object store.
+(:meth:`TableFormatContract.read_rows`, the back door) and through the object store's bytes.
+Override :meth:`TableFormatContract.open_object_store` to run a format on another object store.
 
 Requires ``pip install 'icefloe[testing]'``.
 """
@@ -35,8 +35,8 @@ import pytest_asyncio
 
 from icefloe.errors import AlreadyExistsError, NotFoundError
 from icefloe.ports.base import PortKind
-from icefloe.ports.catalog import Catalog, DataFile, TableSpec
 from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import DataFile, TableFormat, TableSpec
 from icefloe.storage.row_schema import PARTITION, ROW_SCHEMA
 from icefloe.tables import layout
 from icefloe.testing.contract import Contract, open_backend
@@ -83,18 +83,18 @@ def parquet_bytes(rows: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-class CatalogContract(Contract):
-    """Generic tests every :class:`Catalog` adapter passes; see the module docstring."""
+class TableFormatContract(Contract):
+    """Generic tests every :class:`TableFormat` adapter passes; see the module docstring."""
 
     port_kind: ClassVar[PortKind] = PortKind.TABLE
 
     # --- what an implementer provides ------------------------------------------------------
 
-    async def read_rows(self, catalog: Catalog, spec: TableSpec) -> pa.Table:
+    async def read_rows(self, table_format: TableFormat, spec: TableSpec) -> pa.Table:
         """Back door: every row of the table's current state, read by the format's own reader
         (pyiceberg's scan, delta-rs's query engine, …), never through the adapter.
 
-        Every opt-in overrides this: a catalog's claims are only checked by another reader.
+        Every opt-in overrides this: a table format's claims are only checked by another reader.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must override read_rows() with the format's own reader"
@@ -113,14 +113,14 @@ class CatalogContract(Contract):
         assert isinstance(store, ObjectStore)
         return store
 
-    async def open_catalog(
+    async def open_table_format(
         self, workdir: Path, options: dict[str, Any], object_store: ObjectStore
-    ) -> Catalog:
-        catalog = await open_backend(
+    ) -> TableFormat:
+        table_format = await open_backend(
             self.port_kind, self.backend_name, workdir, options, object_store=object_store
         )
-        assert isinstance(catalog, Catalog)
-        return catalog
+        assert isinstance(table_format, TableFormat)
+        return table_format
 
     # --- fixtures ---------------------------------------------------------------------------
 
@@ -141,14 +141,14 @@ class CatalogContract(Contract):
             await store.close()
 
     @pytest_asyncio.fixture
-    async def catalog(
+    async def table_format(
         self, tmp_path: Path, options: dict[str, Any], store: ObjectStore
-    ) -> AsyncIterator[Catalog]:
-        catalog = await self.open_catalog(tmp_path, options, store)
+    ) -> AsyncIterator[TableFormat]:
+        table_format = await self.open_table_format(tmp_path, options, store)
         try:
-            yield catalog
+            yield table_format
         finally:
-            await catalog.close()
+            await table_format.close()
 
     @pytest.fixture
     def spec(self, store: ObjectStore, unique: str) -> TableSpec:
@@ -162,9 +162,9 @@ class CatalogContract(Contract):
         )
 
     @pytest_asyncio.fixture
-    async def table(self, catalog: Catalog, spec: TableSpec) -> TableSpec:
+    async def table(self, table_format: TableFormat, spec: TableSpec) -> TableSpec:
         """``spec``, with the table created."""
-        await catalog.ensure_table(spec)
+        await table_format.ensure_table(spec)
         return spec
 
     # --- helpers ----------------------------------------------------------------------------
@@ -184,8 +184,8 @@ class CatalogContract(Contract):
             modified_ms=int(info.modified * 1000),
         )
 
-    async def rows(self, catalog: Catalog, spec: TableSpec) -> list[Row]:
-        return rows_of(await self.read_rows(catalog, spec))
+    async def rows(self, table_format: TableFormat, spec: TableSpec) -> list[Row]:
+        return rows_of(await self.read_rows(table_format, spec))
 
     @staticmethod
     def expected(*files: tuple[int, Iterable[int]]) -> list[Row]:
@@ -206,179 +206,183 @@ class CatalogContract(Contract):
 
     @pytest.mark.asyncio
     async def test_ensure_table_returns_where_the_table_lives(
-        self, catalog: Catalog, spec: TableSpec
+        self, table_format: TableFormat, spec: TableSpec
     ) -> None:
-        info = await catalog.ensure_table(spec)
+        info = await table_format.ensure_table(spec)
         assert (info.identifier, info.location) == (spec.identifier, spec.location)
 
     @pytest.mark.asyncio
-    async def test_ensure_table_is_idempotent(self, catalog: Catalog, spec: TableSpec) -> None:
-        first = await catalog.ensure_table(spec)
-        assert await catalog.ensure_table(spec) == first
+    async def test_ensure_table_is_idempotent(
+        self, table_format: TableFormat, spec: TableSpec
+    ) -> None:
+        first = await table_format.ensure_table(spec)
+        assert await table_format.ensure_table(spec) == first
 
     @pytest.mark.asyncio
     async def test_new_table_is_empty_with_no_commit(
-        self, catalog: Catalog, table: TableSpec
+        self, table_format: TableFormat, table: TableSpec
     ) -> None:
-        assert await catalog.last_commit(table) == 0
-        assert await catalog.files(table) == []
-        assert await self.rows(catalog, table) == []
+        assert await table_format.last_commit(table) == 0
+        assert await table_format.files(table) == []
+        assert await self.rows(table_format, table) == []
 
     @pytest.mark.asyncio
     async def test_ensure_table_does_not_disturb_committed_data(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         data = await self.write_file(store, table, 0, range(3))
-        await catalog.commit(table, 1, [data])
-        await catalog.ensure_table(table)
-        assert await catalog.last_commit(table) == 1
-        assert await self.rows(catalog, table) == self.expected((0, range(3)))
+        await table_format.commit(table, 1, [data])
+        await table_format.ensure_table(table)
+        assert await table_format.last_commit(table) == 1
+        assert await self.rows(table_format, table) == self.expected((0, range(3)))
 
     # --- commit -----------------------------------------------------------------------------
 
     @pytest.mark.asyncio
     async def test_commit_registers_exactly_the_given_files(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(0, 10))
         b = await self.write_file(store, table, 3, range(100, 105))
         await self.write_file(store, table, 0, range(10, 20))  # written, never committed
-        result = await catalog.commit(table, 1, [a, b])
+        result = await table_format.commit(table, 1, [a, b])
         assert result.applied
-        assert await self.rows(catalog, table) == self.expected(
+        assert await self.rows(table_format, table) == self.expected(
             (0, range(10)), (3, range(100, 105))
         )
 
     @pytest.mark.asyncio
     async def test_files_lists_the_committed_files_with_sizes_and_counts(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 1, range(7))
         b = await self.write_file(store, table, 2, range(3))
-        await catalog.commit(table, 1, [a, b])
-        listed = await catalog.files(table)
+        await table_format.commit(table, 1, [a, b])
+        listed = await table_format.files(table)
         assert sorted((f.path, f.size, f.record_count, f.partition) for f in listed) == sorted(
             (f.path, f.size, f.record_count, f.partition) for f in (a, b)
         )
 
     @pytest.mark.asyncio
     async def test_retried_commit_with_the_same_sequence_is_a_noop(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(5))
-        first = await catalog.commit(table, 1, [a])
-        again = await catalog.commit(table, 1, [a])
+        first = await table_format.commit(table, 1, [a])
+        again = await table_format.commit(table, 1, [a])
         assert (first.applied, again.applied) == (True, False)
         assert again.version == first.version
-        assert await self.rows(catalog, table) == self.expected((0, range(5)))
-        assert [f.path for f in await catalog.files(table)] == [a.path]
+        assert await self.rows(table_format, table) == self.expected((0, range(5)))
+        assert [f.path for f in await table_format.files(table)] == [a.path]
 
     @pytest.mark.asyncio
     async def test_commit_with_a_lower_sequence_is_a_noop(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(5))
         late = await self.write_file(store, table, 0, range(5, 9))
-        await catalog.commit(table, 5, [a])
-        result = await catalog.commit(table, 3, [late])
+        await table_format.commit(table, 5, [a])
+        result = await table_format.commit(table, 3, [late])
         assert not result.applied
-        assert await catalog.last_commit(table) == 5
-        assert await self.rows(catalog, table) == self.expected((0, range(5)))
+        assert await table_format.last_commit(table) == 5
+        assert await self.rows(table_format, table) == self.expected((0, range(5)))
 
     @pytest.mark.asyncio
     async def test_add_and_remove_in_one_commit(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(0, 4))
         b = await self.write_file(store, table, 1, range(0, 4))
         merged = await self.write_file(store, table, 0, range(0, 4))  # a, rewritten by compaction
-        await catalog.commit(table, 1, [a, b])
-        result = await catalog.commit(table, 2, [merged], [a.path])
+        await table_format.commit(table, 1, [a, b])
+        result = await table_format.commit(table, 2, [merged], [a.path])
         assert result.applied
-        assert sorted(f.path for f in await catalog.files(table)) == sorted([b.path, merged.path])
-        assert await self.rows(catalog, table) == self.expected((0, range(4)), (1, range(4)))
+        assert sorted(f.path for f in await table_format.files(table)) == sorted(
+            [b.path, merged.path]
+        )
+        assert await self.rows(table_format, table) == self.expected((0, range(4)), (1, range(4)))
 
     @pytest.mark.asyncio
     async def test_remove_only_commit(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
         b = await self.write_file(store, table, 0, range(3, 6))
-        await catalog.commit(table, 1, [a, b])
-        await catalog.commit(table, 2, [], [a.path])
-        assert [f.path for f in await catalog.files(table)] == [b.path]
-        assert await self.rows(catalog, table) == self.expected((0, range(3, 6)))
+        await table_format.commit(table, 1, [a, b])
+        await table_format.commit(table, 2, [], [a.path])
+        assert [f.path for f in await table_format.files(table)] == [b.path]
+        assert await self.rows(table_format, table) == self.expected((0, range(3, 6)))
 
     @pytest.mark.asyncio
     async def test_last_commit_is_the_highest_applied_sequence(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         for sequence in (1, 2, 7):  # gaps are allowed: only the order matters
             data = await self.write_file(store, table, 0, [sequence])
-            await catalog.commit(table, sequence, [data])
-            assert await catalog.last_commit(table) == sequence
+            await table_format.commit(table, sequence, [data])
+            assert await table_format.last_commit(table) == sequence
 
     @pytest.mark.asyncio
     async def test_empty_commit_advances_the_sequence(
-        self, catalog: Catalog, table: TableSpec
+        self, table_format: TableFormat, table: TableSpec
     ) -> None:
-        result = await catalog.commit(table, 4, [])
+        result = await table_format.commit(table, 4, [])
         assert result.applied
-        assert await catalog.last_commit(table) == 4
-        assert await catalog.files(table) == []
+        assert await table_format.last_commit(table) == 4
+        assert await table_format.files(table) == []
 
     @pytest.mark.asyncio
     async def test_adding_a_file_the_table_already_references_fails_and_changes_nothing(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
-        await catalog.commit(table, 1, [a])
+        await table_format.commit(table, 1, [a])
         with pytest.raises(AlreadyExistsError, match=re.escape(a.path)):
-            await catalog.commit(table, 2, [a])
-        assert await catalog.last_commit(table) == 1
-        assert await self.rows(catalog, table) == self.expected((0, range(3)))
+            await table_format.commit(table, 2, [a])
+        assert await table_format.last_commit(table) == 1
+        assert await self.rows(table_format, table) == self.expected((0, range(3)))
 
     @pytest.mark.asyncio
     async def test_removing_a_file_the_table_does_not_reference_fails_and_changes_nothing(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
         b = await self.write_file(store, table, 0, range(3, 5))
-        await catalog.commit(table, 1, [a])
+        await table_format.commit(table, 1, [a])
         with pytest.raises(NotFoundError, match=re.escape("partition=0/nothing.parquet")):
-            await catalog.commit(table, 2, [b], ["partition=0/nothing.parquet"])
-        assert await catalog.last_commit(table) == 1
-        assert await self.rows(catalog, table) == self.expected((0, range(3)))
+            await table_format.commit(table, 2, [b], ["partition=0/nothing.parquet"])
+        assert await table_format.last_commit(table) == 1
+        assert await self.rows(table_format, table) == self.expected((0, range(3)))
 
     @pytest.mark.asyncio
     async def test_commit_refuses_a_file_whose_row_count_is_not_what_it_says(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
         wrong = DataFile(a.path, a.size, a.record_count + 1, a.partition, a.modified_ms)
         with pytest.raises(ValueError, match="rows"):
-            await catalog.commit(table, 1, [wrong])
-        assert await catalog.last_commit(table) == 0
+            await table_format.commit(table, 1, [wrong])
+        assert await table_format.last_commit(table) == 0
 
     @pytest.mark.asyncio
     async def test_commit_refuses_a_non_positive_sequence(
-        self, catalog: Catalog, table: TableSpec
+        self, table_format: TableFormat, table: TableSpec
     ) -> None:
         with pytest.raises(ValueError, match="positive"):
-            await catalog.commit(table, 0, [])
+            await table_format.commit(table, 0, [])
 
     @pytest.mark.asyncio
     async def test_commits_are_visible_to_another_instance(
         self,
-        catalog: Catalog,
+        table_format: TableFormat,
         store: ObjectStore,
         table: TableSpec,
         tmp_path: Path,
         options: dict[str, Any],
     ) -> None:
         a = await self.write_file(store, table, 2, range(4))
-        await catalog.commit(table, 3, [a])
-        other = await self.open_catalog(tmp_path, options, store)
+        await table_format.commit(table, 3, [a])
+        other = await self.open_table_format(tmp_path, options, store)
         try:
             assert await other.last_commit(table) == 3
             assert [f.path for f in await other.files(table)] == [a.path]
@@ -390,83 +394,83 @@ class CatalogContract(Contract):
 
     @pytest.mark.asyncio
     async def test_data_files_are_never_rewritten_copied_or_deleted(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(6))
         b = await self.write_file(store, table, 1, range(6))
         c = await self.write_file(store, table, 0, range(6, 9))
         written = await self.data_objects(store, table)
-        await catalog.commit(table, 1, [a, b])
-        await catalog.commit(table, 2, [c], [a.path])  # a is removed from the table…
-        await catalog.expire(table, int(time.time() * 1000) + 60_000)
+        await table_format.commit(table, 1, [a, b])
+        await table_format.commit(table, 2, [c], [a.path])  # a is removed from the table…
+        await table_format.expire(table, int(time.time() * 1000) + 60_000)
         assert await self.data_objects(store, table) == written  # …but still there, unchanged
         root = layout.table_root(table.namespace, table.name)
-        listed = {f"{root}/{f.path}" for f in await catalog.files(table)}
+        listed = {f"{root}/{f.path}" for f in await table_format.files(table)}
         assert listed == {f"{root}/{b.path}", f"{root}/{c.path}"}
 
     # --- expire -----------------------------------------------------------------------------
 
     @pytest.mark.asyncio
     async def test_expire_keeps_the_data_readable_and_the_sequence(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         for sequence in range(1, 5):
             data = await self.write_file(store, table, sequence % 2, [sequence])
-            await catalog.commit(table, sequence, [data])
-        before = await catalog.files(table)
-        await catalog.expire(table, int(time.time() * 1000) + 60_000)
-        assert await catalog.files(table) == before
-        assert await catalog.last_commit(table) == 4
-        assert await self.rows(catalog, table) == self.expected((1, [1, 3]), (0, [2, 4]))
-        assert not (await catalog.commit(table, 4, [])).applied
+            await table_format.commit(table, sequence, [data])
+        before = await table_format.files(table)
+        await table_format.expire(table, int(time.time() * 1000) + 60_000)
+        assert await table_format.files(table) == before
+        assert await table_format.last_commit(table) == 4
+        assert await self.rows(table_format, table) == self.expected((1, [1, 3]), (0, [2, 4]))
+        assert not (await table_format.commit(table, 4, [])).applied
 
     @pytest.mark.asyncio
     async def test_expire_of_a_table_without_history_is_harmless(
-        self, catalog: Catalog, table: TableSpec
+        self, table_format: TableFormat, table: TableSpec
     ) -> None:
-        await catalog.expire(table, int(time.time() * 1000))
-        assert await catalog.files(table) == []
+        await table_format.expire(table, int(time.time() * 1000))
+        assert await table_format.files(table) == []
 
     # --- drop and missing tables ------------------------------------------------------------
 
     @pytest.mark.asyncio
     async def test_drop_is_idempotent_and_keeps_the_data_files(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
-        await catalog.commit(table, 1, [a])
+        await table_format.commit(table, 1, [a])
         written = await self.data_objects(store, table)
-        await catalog.drop(table)
-        await catalog.drop(table)
+        await table_format.drop(table)
+        await table_format.drop(table)
         assert await self.data_objects(store, table) == written
         with pytest.raises(NotFoundError):
-            await catalog.last_commit(table)
+            await table_format.last_commit(table)
 
     @pytest.mark.asyncio
     async def test_a_dropped_table_can_be_created_again_empty(
-        self, catalog: Catalog, store: ObjectStore, table: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, table: TableSpec
     ) -> None:
         a = await self.write_file(store, table, 0, range(3))
-        await catalog.commit(table, 1, [a])
-        await catalog.drop(table)
-        await catalog.ensure_table(table)
-        assert await catalog.last_commit(table) == 0
-        assert await catalog.files(table) == []
+        await table_format.commit(table, 1, [a])
+        await table_format.drop(table)
+        await table_format.ensure_table(table)
+        assert await table_format.last_commit(table) == 0
+        assert await table_format.files(table) == []
 
     @pytest.mark.asyncio
     async def test_drop_of_a_table_that_never_existed_is_not_an_error(
-        self, catalog: Catalog, spec: TableSpec
+        self, table_format: TableFormat, spec: TableSpec
     ) -> None:
-        await catalog.drop(spec)
+        await table_format.drop(spec)
 
     @pytest.mark.asyncio
     async def test_operations_on_a_missing_table_raise_not_found(
-        self, catalog: Catalog, store: ObjectStore, spec: TableSpec
+        self, table_format: TableFormat, store: ObjectStore, spec: TableSpec
     ) -> None:
         a = await self.write_file(store, spec, 0, range(3))
         with pytest.raises(NotFoundError):
-            await catalog.commit(spec, 1, [a])
+            await table_format.commit(spec, 1, [a])
         with pytest.raises(NotFoundError):
-            await catalog.last_commit(spec)
+            await table_format.last_commit(spec)
         with pytest.raises(NotFoundError):
-            await catalog.files(spec)
+            await table_format.files(spec)
