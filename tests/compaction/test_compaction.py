@@ -7,11 +7,9 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from icefloe.compaction.service import Compactor
 from icefloe.compaction.task import execute
@@ -23,7 +21,6 @@ from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
 from icefloe.topics.registry import TopicRegistry
 from tests.support.compaction_processes import start_engine_worker_then_wait
-from tests.support.storage import storage_config
 
 
 def records(n: int, tag: str, start_ts: int = 1_700_000_000_000) -> list[Record]:
@@ -41,24 +38,6 @@ def records(n: int, tag: str, start_ts: int = 1_700_000_000_000) -> list[Record]
 
 def comparable(rs: list[Record]) -> list[tuple[object, ...]]:
     return [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in rs]
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return storage_config(tmp_path, commit_deadline_s=0.2, orphan_grace_s=0.5)
-
-
-@pytest.fixture
-async def parts(config: Config) -> AsyncIterator[tuple[StreamStorage, TopicRegistry, Compactor]]:
-    async with await StreamStorage.open(config) as storage:
-        topics = TopicRegistry(storage)
-        await topics.start()
-        compactor = await Compactor.open(config, storage, topics)
-        try:
-            yield storage, topics, compactor
-        finally:
-            await compactor.close()
-            await topics.close()
 
 
 async def read_all(storage: StreamStorage, stream: int) -> list[Record]:

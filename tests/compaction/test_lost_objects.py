@@ -5,7 +5,6 @@ lost: the reader finds the Parquet entry that replaced it.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,25 +16,6 @@ from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.topics.registry import TopicRegistry
 from tests.compaction.test_compaction import comparable, read_all, records
-from tests.support.storage import storage_config
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return storage_config(tmp_path)
-
-
-@pytest.fixture
-async def parts(config: Config) -> AsyncIterator[tuple[StreamStorage, TopicRegistry, Compactor]]:
-    async with await StreamStorage.open(config) as storage:
-        topics = TopicRegistry(storage)
-        await topics.start()
-        compactor = await Compactor.open(config, storage, topics)
-        try:
-            yield storage, topics, compactor
-        finally:
-            await compactor.close()
-            await topics.close()
 
 
 def object_file(config: Config, entry: IndexEntry) -> Path:
@@ -93,14 +73,22 @@ async def test_a_corrupt_wal_object_is_corrupt_data(
     assert (await storage.read_records(stream, 10))[0].offset == 10
 
 
-async def test_a_missing_parquet_file_is_lost_data(
-    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
-) -> None:
+async def one_compacted_entry(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> tuple[int, IndexEntry]:
     storage, topics, compactor = parts
     stream = (await topics.create("t", 1)).streams[0]
     await storage.append(stream, records(10, "a"))
     await compactor.until_idle()
     (entry,) = await storage.index.scan(stream)
+    return stream, entry
+
+
+async def test_a_missing_parquet_file_is_lost_data(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage = parts[0]
+    stream, entry = await one_compacted_entry(parts)
     object_file(config, entry).unlink()
 
     with pytest.raises(LostDataError, match=r"Parquet file .* missing"):
@@ -112,11 +100,8 @@ async def test_a_missing_parquet_file_is_lost_data(
 async def test_a_corrupt_parquet_file_is_corrupt_data(
     config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
 ) -> None:
-    storage, topics, compactor = parts
-    stream = (await topics.create("t", 1)).streams[0]
-    await storage.append(stream, records(10, "a"))
-    await compactor.until_idle()
-    (entry,) = await storage.index.scan(stream)
+    storage = parts[0]
+    stream, entry = await one_compacted_entry(parts)
     path = object_file(config, entry)
     path.write_bytes(bytes(path.stat().st_size))  # same size, all zeros
 
