@@ -28,6 +28,7 @@ from kio.static.constants import EntityType
 from kio.static.primitive import i32
 
 from icefloe.broker.wire_check import check_request
+from icefloe.errors import IcefloeError
 
 API_VERSIONS_KEY: Final = 18
 _API_PREFIX = struct.Struct(">hh")
@@ -36,8 +37,9 @@ _SIZE = struct.Struct(">i")
 T = TypeVar("T")
 
 
-class ProtocolError(Exception):
-    """The frame cannot be understood; the connection must be closed."""
+class ProtocolError(IcefloeError):
+    """The frame cannot be understood; the connection must be closed (Kafka has no error code
+    for a request it cannot parse)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,6 +7,10 @@ Handlers that must keep request order for part of their work (produce) hold the 
 limit, an unknown API, an unsupported version (other than ApiVersions, which answers
 UNSUPPORTED_VERSION as Kafka does) or bytes that do not decode close the connection: the
 client sees a disconnect, every other connection goes on, and nothing is stored.
+
+Every request holds its bytes, and then its response's, in its connection's budget and the
+broker's (:mod:`icefloe.broker.memory`) until the response is sent; a connection reads its next
+frame only when both have room.
 """
 
 from __future__ import annotations

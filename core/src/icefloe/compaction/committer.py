@@ -18,6 +18,7 @@ deleted from the last to the first, so a look-up always finds an entry holding i
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Sequence
@@ -42,14 +43,34 @@ log = logging.getLogger(__name__)
 TASKS: Final = COMPACTION + "tasks/"
 
 
+class SagaState(enum.StrEnum):
+    """Where a task is in the saga (see the module docstring)."""
+
+    PLANNED = "planned"
+    WRITTEN = "written"
+    COMMITTED = "committed"
+    SWAPPED = "swapped"
+    """Only in memory: a swapped task's record is deleted."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStream:
+    """One stream a task compacts, and the index entries its Parquet entry replaces."""
+
+    topic: str
+    partition: int
+    stream_id: int
+    replaced: list[str]
+    """Index keys of the WAL entries, in offset order; the last one's key is reused."""
+
+
 @dataclass
 class TaskRecord:
     """The persisted state of one compaction task."""
 
     task: CompactionTask
-    streams: list[tuple[str, int, int, list[str]]]
-    """(topic, partition, stream id, index keys replaced — the last one is rewritten)."""
-    state: str = "planned"
+    streams: list[TaskStream]
+    state: SagaState = SagaState.PLANNED
     files: list[WrittenFile] | None = None
     sequences: dict[str, int] | None = None
     created_ms: int = 0
@@ -66,8 +87,8 @@ class TaskRecord:
                 [asdict(r) for r in self.task.ranges],
                 [list(p) for p in self.task.output_paths],
             ],
-            "streams": self.streams,
-            "state": self.state,
+            "streams": [[s.topic, s.partition, s.stream_id, s.replaced] for s in self.streams],
+            "state": str(self.state),
             "files": [asdict(f) for f in self.files] if self.files is not None else None,
             "sequences": self.sequences,
             "created_ms": self.created_ms,
@@ -91,8 +112,8 @@ class TaskRecord:
             ]
         return cls(
             task,
-            [(t, pa, s, list(ks)) for t, pa, s, ks in p["streams"]],
-            p["state"],
+            [TaskStream(t, pa, s, list(ks)) for t, pa, s, ks in p["streams"]],
+            SagaState(p["state"]),
             files,
             p["sequences"],
             p["created_ms"],
@@ -135,7 +156,7 @@ class Committer:
         record = TaskRecord(
             plan.task,
             [
-                (s.topic, s.partition, s.stream_id, [_entry_key(e) for e in s.entries])
+                TaskStream(s.topic, s.partition, s.stream_id, [_entry_key(e) for e in s.entries])
                 for s in plan.streams
             ],
             created_ms=int(time.time() * 1000),
@@ -145,23 +166,23 @@ class Committer:
 
     async def finish(self, record: TaskRecord) -> TaskRecord:
         """Take a task from whatever state it is in to the end of the saga."""
-        if record.state == "planned":
+        if record.state is SagaState.PLANNED:
             record.files = await self._engine.run([record.task])
             record.sequences = {
                 topic: await counters.increment(self._metadata, f"table-sequence/{topic}")
-                for topic in sorted({t for t, _, _, _ in record.streams})
+                for topic in sorted({s.topic for s in record.streams})
             }
-            record.state = "written"
+            record.state = SagaState.WRITTEN
             await self._save(record)
-        if record.state == "written":
+        if record.state is SagaState.WRITTEN:
             await self._commit_tables(record)
-            record.state = "committed"
+            record.state = SagaState.COMMITTED
             await self._save(record)
-        if record.state == "committed":
-            for _, _, stream_id, replaced in record.streams:
-                await self._swap(record, stream_id, replaced)
+        if record.state is SagaState.COMMITTED:
+            for stream in record.streams:
+                await self._swap(record, stream)
             await self._metadata.delete(record.key)
-            record.state = "swapped"
+            record.state = SagaState.SWAPPED
         return record
 
     # --- steps ------------------------------------------------------------------------------
@@ -170,8 +191,8 @@ class Committer:
         assert record.files is not None
         assert record.sequences is not None
         files_by_topic: dict[str, list[DataFile]] = {}
-        topic_of = {stream_id: topic for topic, _, stream_id, _ in record.streams}
-        partition_of = {stream_id: p for _, p, stream_id, _ in record.streams}
+        topic_of = {s.stream_id: s.topic for s in record.streams}
+        partition_of = {s.stream_id: s.partition for s in record.streams}
         now_ms = int(time.time() * 1000)
         for f in record.files:
             topic = topic_of[f.stream_id]
@@ -195,18 +216,20 @@ class Committer:
                 if sequence % self._expire_every == 0:
                     await table_format.expire(spec, now_ms - self._history_ms)
 
-    async def _swap(self, record: TaskRecord, stream_id: int, replaced: list[str]) -> None:
+    async def _swap(self, record: TaskRecord, stream: TaskStream) -> None:
         assert record.files is not None
-        file = next(f for f in record.files if f.stream_id == stream_id)
+        file = next(f for f in record.files if f.stream_id == stream.stream_id)
         swapped = await self._offsets.swap(
-            replaced,
+            stream.replaced,
             ParquetLocation(file.path, file.size, file.row_groups),
             start_offset=file.start_offset,
             min_timestamp=file.min_timestamp,
             max_timestamp=file.max_timestamp,
         )
         if not swapped:
-            log.warning("stream %d changed under compaction (topic deleted?); skipping", stream_id)
+            log.warning(
+                "stream %d changed under compaction (topic deleted?); skipping", stream.stream_id
+            )
 
     async def _save(self, record: TaskRecord) -> None:
         written = await self._metadata.put(
