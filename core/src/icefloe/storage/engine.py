@@ -2,7 +2,7 @@
 
 Example::
 
-    from icefloe.storage import StreamStorage
+    from icefloe.storage.engine import StreamStorage
     from icefloe.storage.records import Record
 
     async with await StreamStorage.open() as storage:     # the configuration icefloe uses
