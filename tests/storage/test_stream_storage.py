@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from kio.schema.errors import ErrorCode
 
+from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import ConflictError, NotFoundError
 from icefloe.storage import index_reader
 from icefloe.storage.batch import BatchError, Compression
@@ -190,3 +192,56 @@ async def test_index_entries_are_read_page_by_page_in_order(
     ends = [e.end async for e in storage.index.entries(stream)]
     assert ends == list(range(2, 21, 2))
     assert [e.end for e in await storage.index.scan(stream, after_end=13)] == [14, 16, 18, 20]
+
+
+async def test_a_wal_on_the_local_store_flushes_for_latency(storage: StreamStorage) -> None:
+    # An append to a local disk costs nothing: no reason to hold produces back for 200 ms.
+    assert storage.flush_profile is FlushProfile.LATENCY
+
+
+def test_a_wal_billed_per_append_flushes_for_cost_unless_told_otherwise() -> None:
+    assert StorageOptions().flush_profile(billed_per_append=True) is FlushProfile.COST
+    assert StorageOptions().flush_profile(billed_per_append=False) is FlushProfile.LATENCY
+    chosen = StorageOptions(profile=FlushProfile.COST)
+    assert chosen.flush_profile(billed_per_append=False) is FlushProfile.COST
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "it never happened"
+        await asyncio.sleep(0.02)
+
+
+async def test_log_bound_hints_follow_commits_anywhere(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream = await storage.create_stream("s")
+    assert storage.index.log_end_hint(stream) is None
+    await storage.append(stream, records(3))
+    assert storage.index.log_end_hint(stream) == 3  # its own commit, at once
+
+    await other_storage.append(stream, records(2))  # another broker's, by notification
+
+    async def end_seen() -> bool:
+        return storage.index.log_end_hint(stream) == 5
+
+    await eventually(end_seen)
+
+
+async def test_the_log_start_hint_follows_retention_anywhere(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream = await storage.create_stream("s")
+    for _ in range(2):
+        await storage.append(stream, records(3))
+    assert await storage.index.log_start_hint(stream) == 0
+
+    first = await other_storage.index.first_entry(stream)
+    assert first is not None
+    assert await other_storage.offset_index.expire(stream, [first]) == 1
+
+    async def start_seen() -> bool:
+        return await storage.index.log_start_hint(stream) == 3
+
+    await eventually(start_seen)

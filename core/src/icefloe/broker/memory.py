@@ -37,7 +37,7 @@ def client_data_bytes(broker: BrokerOptions, storage: StorageOptions) -> int:
         "[storage] wal_cache_bytes": storage.wal_cache_bytes,
         "[storage] index_cache_entries": storage.index_cache_entries * INDEX_ENTRY_BYTES,
         "sealed WAL objects ([storage] flush_bytes x max_inflight_flushes)": (
-            storage.effective_flush_bytes * storage.max_inflight_flushes
+            storage.largest_flush_bytes * storage.max_inflight_flushes
         ),
     }
     left = broker.max_memory_bytes - sum(fixed.values())

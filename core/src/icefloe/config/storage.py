@@ -27,7 +27,9 @@ class StorageOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    profile: FlushProfile = FlushProfile.COST
+    profile: FlushProfile | None = None
+    """``cost`` or ``latency``. By default ``cost`` where every WAL append is a billed request
+    (S3, GCS, Azure), ``latency`` where it is not (the local store)."""
     flush_bytes: int | None = Field(default=None, gt=0)
     """Seal a WAL object once this many bytes are buffered (default: from the profile)."""
     flush_interval_ms: float | None = Field(default=None, gt=0)
@@ -46,16 +48,32 @@ class StorageOptions(BaseModel):
     orphan_grace_s: float = Field(default=600.0, gt=0)
     """Unreferenced WAL objects older than this are deleted. Must exceed the commit deadline."""
 
-    @property
-    def effective_flush_bytes(self) -> int:
-        return self.flush_bytes or PROFILES[self.profile][0]
+    def flush_profile(self, billed_per_append: bool) -> FlushProfile:
+        """The profile in force for a WAL that is, or is not, billed per append."""
+        if self.profile is not None:
+            return self.profile
+        return FlushProfile.COST if billed_per_append else FlushProfile.LATENCY
 
-    @property
-    def effective_flush_interval(self) -> float:
+    def flush_bytes_for(self, profile: FlushProfile) -> int:
+        return self.flush_bytes or PROFILES[profile][0]
+
+    def flush_interval_for(self, profile: FlushProfile) -> float:
         """Seconds."""
         if self.flush_interval_ms is not None:
             return self.flush_interval_ms / 1000
-        return PROFILES[self.profile][1]
+        return PROFILES[profile][1]
+
+    @property
+    def largest_flush_bytes(self) -> int:
+        """The flush size of the profile in force, or of the larger profile while it is not
+        known yet (for memory budgets)."""
+        if self.flush_bytes is not None:
+            return self.flush_bytes
+        return (
+            max(size for size, _ in PROFILES.values())
+            if self.profile is None
+            else (PROFILES[self.profile][0])
+        )
 
     @model_validator(mode="after")
     def _grace_exceeds_deadline(self) -> Self:

@@ -70,6 +70,7 @@ class LocalObjectStore(ObjectStore):
 
     capabilities = frozenset({ObjectStore.SHARED})
     options_model = LocalObjectStoreOptions
+    billed_per_request = False
 
     def __init__(self, root: Path, io_threads: int = 8) -> None:
         """Use an existing root folder; :meth:`open` is the usual way in.

@@ -72,6 +72,10 @@ class ObjectWAL(WAL):
         """Refuse further calls; the object store stays open (it belongs to the caller)."""
         self._closed = True
 
+    @property
+    def billed_per_append(self) -> bool:
+        return self._store.billed_per_request
+
     async def _append(self, data: bytes | bytearray | memoryview) -> str:
         self._check_open()
         # Taken before the write, so the time in the ref never lies in the object's future.

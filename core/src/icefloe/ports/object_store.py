@@ -115,6 +115,9 @@ class ObjectStore(Port):
 
     kind: ClassVar[PortKind] = PortKind.OBJECT_STORE
     SHARED: ClassVar[str] = "shared"
+    billed_per_request: ClassVar[bool] = True
+    """Whether each request costs money (cloud object stores); a store on local disk says
+    ``False``, and Icefloe then flushes its WAL for latency rather than for cost."""
 
     def __init__(self) -> None:
         self.stats = RequestStats()

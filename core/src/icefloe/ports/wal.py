@@ -44,6 +44,12 @@ class WAL(Port):
 
     kind: ClassVar[PortKind] = PortKind.WAL
 
+    @property
+    def billed_per_append(self) -> bool:
+        """Whether every append is a request someone pays for (an object store in the cloud):
+        the storage engine then batches appends more (``[storage] profile``, ``cost``)."""
+        return True
+
     async def append(self, data: bytes | bytearray | memoryview) -> str:
         """Store ``data`` durably and return its reference."""
         if not isinstance(data, bytes | bytearray | memoryview) or len(data) == 0:

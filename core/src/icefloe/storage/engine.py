@@ -25,7 +25,7 @@ from typing import Any, Self, TypeVar
 import msgpack
 
 from icefloe import config as configuration
-from icefloe.config.storage import StorageOptions
+from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import NotFoundError
 from icefloe.ports.base import OpenContext, Port
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
@@ -101,6 +101,11 @@ class StreamStorage:
                 with contextlib.suppress(Exception):
                     await port.close()
             raise
+
+    @property
+    def flush_profile(self) -> FlushProfile:
+        """The WAL flush profile in force (``[storage] profile``, or the WAL's default)."""
+        return self._writer.profile
 
     async def start(self) -> None:
         """Follow index notifications (cache invalidation, long polls)."""

@@ -88,8 +88,9 @@ class WalWriter:
         self._offsets = offsets
         self._options = options
         self._recent = recent
-        self._flush_bytes = options.effective_flush_bytes
-        self._interval = options.effective_flush_interval
+        self.profile = options.flush_profile(wal.billed_per_append)
+        self._flush_bytes = options.flush_bytes_for(self.profile)
+        self._interval = options.flush_interval_for(self.profile)
         self._buffer = _Flush()
         self._timer: asyncio.TimerHandle | None = None
         self._outstanding = 0  # bytes accepted and not yet completed
