@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from kio.schema.errors import ErrorCode
 
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.kafka_wire import KafkaWire, batch_of, fetch_request, produce_request
-from tests.support.topics import create_topic, log_end
+from tests.support.topics import create_topic, log_end, with_storage
 
 TOPIC = "answers"
 
@@ -89,3 +90,23 @@ def test_strict_ownership_sends_clients_to_the_owner(strict_brokers: RunningIcef
     assert answers[other_port].error_code == ErrorCode.not_leader_or_follower
     assert answers[owner_port].error_code == ErrorCode.none
     assert log_end(strict_brokers, TOPIC, 0) == 1
+
+
+def test_produce_answers_report_the_log_start(icefloe_with_topic: RunningIcefloe) -> None:
+    def produce(value: bytes) -> Any:
+        with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+            return answer_of(wire.request(produce_request(TOPIC, 0, batch_of([value, value]))))
+
+    assert produce(b"first").log_start_offset == 0
+    assert produce(b"second").log_start_offset == 0
+
+    async def expire_the_first_entry(topics: Any, storage: Any) -> None:
+        stream = (await topics.get(TOPIC)).streams[0]
+        first = await storage.index.first_entry(stream)
+        assert await storage.offset_index.expire(stream, [first]) == 1
+
+    with_storage(icefloe_with_topic, expire_the_first_entry)  # as retention on any broker would
+    deadline = time.monotonic() + 10
+    while (start := produce(b"later").log_start_offset) != 2:
+        assert time.monotonic() < deadline, f"the log start stayed {start}"
+        time.sleep(0.1)

@@ -72,6 +72,10 @@ class IndexReader:
         self._streams: OrderedDict[int, _StreamCache] = OrderedDict()
         self._cached = 0
         self._waiters: dict[int, set[asyncio.Event]] = {}
+        self._ends: dict[int, int] = {}
+        """The highest end offset seen per stream (this process's commits, notifications)."""
+        self._starts: dict[int, int] = {}
+        """Log starts read from the store, until an entry of the stream is removed."""
         self._follower: Follower | None = None
 
     async def start(self) -> None:
@@ -146,6 +150,22 @@ class IndexReader:
             return await self.log_end(stream_id)
         return entry.start
 
+    def log_end_hint(self, stream_id: int) -> int | None:
+        """The log end this process last saw, without asking the store, or ``None``.
+
+        For answers that report the log end (a fetch response's high watermark), never for
+        decisions: a commit through another broker shows here one notification later.
+        """
+        return self._ends.get(stream_id)
+
+    async def log_start_hint(self, stream_id: int) -> int:
+        """The log start as last read from the store; read again only after a notification
+        says an entry of the stream was removed. For answers that report it, as above."""
+        start = self._starts.get(stream_id)
+        if start is None:
+            start = self._starts[stream_id] = await self.log_start(stream_id)
+        return start
+
     async def entries(self, stream_id: int, after_end: int = 0) -> AsyncIterator[IndexEntry]:
         """Every entry whose end offset is greater than ``after_end``, in order, read from the
         store a page at a time so a long index never sits in memory whole."""
@@ -168,6 +188,7 @@ class IndexReader:
 
     def remember(self, entry: IndexEntry) -> None:
         """Add an entry to the cache (the writer calls this for its own commits)."""
+        self._saw_end(entry.stream_id, entry.end)
         if self._capacity == 0:
             return
         cache = self._streams.get(entry.stream_id)
@@ -223,6 +244,10 @@ class IndexReader:
                     if not waiters:
                         del self._waiters[stream_id]
 
+    def _saw_end(self, stream_id: int, end: int) -> None:
+        if end > self._ends.get(stream_id, -1):
+            self._ends[stream_id] = end
+
     def _wake(self, stream_id: int) -> None:
         for event in self._waiters.get(stream_id, ()):
             event.set()
@@ -239,11 +264,17 @@ class IndexReader:
             # Changes were missed: forget everything and let waiters re-check the store.
             self._streams.clear()
             self._cached = 0
+            self._ends.clear()
+            self._starts.clear()
             self._wake_all()
             return
         if event.key is None or not keys.is_index_key(event.key):
             return
         stream_id, end, _ = keys.parse_index_key(event.key)
+        if event.kind is EventKind.PUT:
+            self._saw_end(stream_id, end)
+        else:
+            self._starts.pop(stream_id, None)  # the first entry may be the one that went
         cache = self._streams.get(stream_id)
         # A deleted entry is gone; a rewritten one (compaction put a Parquet entry under the
         # key of the last WAL entry it replaces) is read again on next use.

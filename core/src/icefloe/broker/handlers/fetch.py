@@ -230,9 +230,13 @@ async def _partition_response(
     if target.readable:
         assert target.stream_id is not None
         try:
-            # Read after the records, so the high watermark is never behind what they hold.
-            high_watermark = await storage.log_end(target.stream_id)
-            log_start = await storage.log_start(target.stream_id)
+            # As this broker last saw them: no store round trip per partition per fetch. The
+            # high watermark is never below the end of the records returned.
+            known_end = storage.index.log_end_hint(target.stream_id)
+            if known_end is None:
+                known_end = await storage.log_end(target.stream_id)
+            high_watermark = max(known_end, target.next_offset)
+            log_start = await storage.index.log_start_hint(target.stream_id)
         except IcefloeError as exc:
             target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
             target.data, high_watermark, log_start = b"", -1, -1

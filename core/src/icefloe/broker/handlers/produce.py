@@ -14,6 +14,7 @@ commits of pipelined requests still overlap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import struct
@@ -35,11 +36,9 @@ _VALID_ACKS: Final = (-1, 0, 1)
 _LENGTH = struct.Struct(">i")
 _TRANSACTIONAL_BIT: Final = 0x10
 _UNKNOWN_LOG_START: Final = -1
-"""The field's "unknown". Reading the real value costs a metadata-store query per partition
-per request, which in the latency profile multiplied the acknowledgement latency many times
-over (see tests/bench/produce_bench.py). Producers use it only to tell a producer state lost
-to retention from a real sequence error; the storage engine should keep the log start in
-memory (it changes by notification) so that this can report it for free."""
+"""The field's "unknown": the answer for a partition that does not exist. Otherwise the log
+start comes from memory (:meth:`IndexReader.log_start_hint`): reading it from the store per
+partition per request multiplied the acknowledgement latency of the latency profile."""
 
 TRANSACTIONS_UNSUPPORTED: Final = (
     "transactions are not supported yet: produce without a transactional.id "
@@ -53,8 +52,10 @@ class _Partition:
 
     topic: str
     index: int
+    stream_id: int | None = None
     pending: asyncio.Future[int] | None = None
     base_offset: int = -1
+    log_start: int = _UNKNOWN_LOG_START
     error: ErrorCode = ErrorCode.none
     message: str | None = None
 
@@ -68,7 +69,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any | NoResponse:
         targets = await _submit_all(ctx, request)
     if request.acks == 0:
         return NO_RESPONSE
-    await asyncio.gather(*(_complete(t) for t in targets))
+    await asyncio.gather(*(_complete(ctx, t) for t in targets))
     return _response(ctx, request, targets)
 
 
@@ -104,7 +105,7 @@ def _refusal(request: Any) -> tuple[ErrorCode, str] | None:
 
 
 async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> None:
-    stream_id = await partitions.stream_of(ctx, target.topic, target.index)
+    target.stream_id = stream_id = await partitions.stream_of(ctx, target.topic, target.index)
     if stream_id is None:
         target.fail(
             ErrorCode.unknown_topic_or_partition,
@@ -128,14 +129,17 @@ async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> No
             target.fail(*_write_error(exc))
 
 
-async def _complete(target: _Partition) -> None:
+async def _complete(ctx: RequestContext, target: _Partition) -> None:
     """Wait for the partition's commit; a failure becomes the partition's error."""
-    if target.pending is None:
-        return
-    try:
-        target.base_offset = await target.pending
-    except IcefloeError as exc:
-        target.fail(*_write_error(exc))
+    if target.pending is not None:
+        try:
+            target.base_offset = await target.pending
+        except IcefloeError as exc:
+            target.fail(*_write_error(exc))
+    if target.stream_id is not None:
+        # Informative only: the answer stands without it if the store cannot say.
+        with contextlib.suppress(IcefloeError):
+            target.log_start = await ctx.broker.storage.index.log_start_hint(target.stream_id)
 
 
 def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> Any:
@@ -149,7 +153,7 @@ def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> A
                 error_code=t.error,
                 base_offset=t.base_offset,
                 log_append_time=None,  # -1: the timestamps are the producer's (CreateTime)
-                log_start_offset=_UNKNOWN_LOG_START,
+                log_start_offset=t.log_start,
                 record_errors=(),
                 error_message=t.message,
             )
