@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +139,25 @@ class TestSqliteMetadataStore(MetadataStoreContract):
         finally:
             blocker.close()
             await store.close()
+
+    def test_stores_opening_a_new_file_together_all_open(self, tmp_path: Path) -> None:
+        # Brokers of one `serve` open the same fresh file at once; SQLite can answer the
+        # loser of a lock deadlock BUSY without waiting, which once failed a broker's start.
+        async def open_and_close(options: dict[str, Any]) -> None:
+            store = await self.open_store(tmp_path, options)
+            await store.close()
+
+        def open_when_all_are_ready(options: dict[str, Any], ready: threading.Barrier) -> None:
+            ready.wait()
+            asyncio.run(open_and_close(options))
+
+        with ThreadPoolExecutor(4) as pool:
+            for attempt in range(60):
+                options = {"path": str(tmp_path / f"fresh-{attempt}.db")}
+                ready = threading.Barrier(4)
+                opening = [pool.submit(open_when_all_are_ready, options, ready) for _ in range(4)]
+                for future in opening:
+                    future.result()  # raises what the open raised
 
     @pytest.mark.asyncio
     async def test_close_deletes_the_keys_of_open_sessions(self, tmp_path: Path) -> None:

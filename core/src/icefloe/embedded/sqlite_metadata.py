@@ -180,10 +180,27 @@ class _Database:
         # isolation_level=None: the sqlite3 module issues no implicit BEGIN; we do it ourselves.
         self._conn = sqlite3.connect(path, isolation_level=None)
         try:
-            self._configure(options)
+            self._configure_patiently(options)
         except BaseException:
             self._conn.close()
             raise
+
+    def _configure_patiently(self, options: SqliteMetadataOptions) -> None:
+        # Connections opening a new file together can deadlock on its locks while it is still
+        # in rollback-journal mode; SQLite then answers BUSY at once instead of calling the busy
+        # handler, so we wait out the other side ourselves, within the same busy_timeout.
+        deadline = time.monotonic() + options.busy_timeout
+        while True:
+            try:
+                self._configure(options)
+                return
+            except sqlite3.OperationalError as exc:
+                busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() >= deadline:
+                    raise
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                time.sleep(0.01)
 
     def _configure(self, options: SqliteMetadataOptions) -> None:
         # The busy timeout first: switching to WAL and creating tables take locks too.
