@@ -1,0 +1,101 @@
+"""`icefloe serve` on the embedded default, with a chosen flush profile, for the benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
+from tests.support.servers import ROOT
+
+COMPACT_AT_ONCE = {
+    "ICEFLOE_COMPACTOR__MAX_AGE_S": "0",
+    "ICEFLOE_COMPACTOR__MIN_AGE_S": "0",
+    "ICEFLOE_COMPACTOR__INTERVAL_S": "0.3",
+}
+"""Settings under which the background compactor turns the whole log into Parquet at once."""
+
+TABLES_TIMEOUT_S = 120
+POLL_INTERVAL_S = 1.0
+
+
+@dataclass
+class IcefloeServer:
+    """A running `icefloe serve` (a supervisor and its broker processes)."""
+
+    running: RunningIcefloe
+
+    @property
+    def bootstrap(self) -> str:
+        return self.running.bootstrap
+
+    def pids(self) -> list[int]:
+        """The broker processes; their compaction workers are found under them."""
+        return broker_pids(self.running)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.running.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        self.running.stop()
+
+
+def start(
+    data_dir: Path, profile: str, brokers: int, compact_at_once: bool = False
+) -> IcefloeServer:
+    """Start (or restart, on an existing ``data_dir``) `icefloe serve` with ``profile``."""
+    env = {"ICEFLOE_STORAGE__PROFILE": profile}
+    if compact_at_once:
+        env |= COMPACT_AT_ONCE
+    return IcefloeServer(start_icefloe(data_dir, brokers=brokers, env=env, timeout=120))
+
+
+class CompactionTimeout(RuntimeError):
+    """The log was not all in Parquet in time."""
+
+
+def wait_until_compacted(data_dir: Path, topic: str, timeout: float) -> float:
+    """Seconds until `icefloe tables --json` shows no record of ``topic`` left outside tables."""
+    started = time.monotonic()
+    last = "nothing yet"
+    while time.monotonic() - started < timeout:
+        lag, last = _topic_lag(data_dir, topic)
+        if lag == 0:
+            return time.monotonic() - started
+        time.sleep(POLL_INTERVAL_S)
+    raise CompactionTimeout(f"{topic} not compacted after {timeout:.0f} s; last answer: {last}")
+
+
+def _topic_lag(data_dir: Path, topic: str) -> tuple[int | None, str]:
+    """(records of ``topic`` not yet in its tables, or None if unknown; the raw answer)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
+    env["ICEFLOE_DATA_DIR"] = str(data_dir)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "icefloe", "tables", "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=TABLES_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"`icefloe tables` took over {TABLES_TIMEOUT_S} s"
+    raw = (done.stdout + done.stderr).strip()
+    if done.returncode != 0:
+        return None, raw[-1000:]
+    try:
+        rows = json.loads(done.stdout)
+        lags = [int(row["lag_records"]) for row in rows if row["topic"] == topic]
+    except (ValueError, KeyError, TypeError):
+        print(f"    could not parse `icefloe tables --json`: {raw[-1000:]!r}", flush=True)
+        return None, raw[-1000:]
+    return (max(lags) if lags else None), raw[-1000:]

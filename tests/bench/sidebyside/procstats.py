@@ -1,0 +1,71 @@
+"""A server's CPU time and peak memory, read from /proc (Linux only).
+
+A server is a set of root processes (Kafka's one JVM; Icefloe's broker processes) together
+with every process they started (Icefloe's compaction workers), because all of that is work
+the server does for its clients.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(roots: Iterable[int]) -> list[int]:
+    """``roots`` and all their live descendants."""
+    seen: list[int] = []
+    pending = list(roots)
+    while pending:
+        pid = pending.pop()
+        if pid in seen or not Path(f"/proc/{pid}").exists():
+            continue
+        seen.append(pid)
+        pending.extend(_children(pid))
+    return sorted(seen)
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return children
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system time of a process and of its children it has waited for (0 if gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime + cutime + cstime) / CLOCK_TICKS
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM, the process's peak resident set since it started, in MiB (0 if gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def server_cpu_seconds(roots: Iterable[int]) -> float:
+    """CPU seconds the server's processes have used so far (subtract two readings)."""
+    return sum(cpu_seconds(pid) for pid in process_tree(roots))
+
+
+def server_peak_rss_mib(roots: Iterable[int]) -> float:
+    """Sum of the peak RSS of the server's processes (an upper bound of the server's peak)."""
+    return sum(peak_rss_mib(pid) for pid in process_tree(roots))
