@@ -19,7 +19,7 @@ import pytest
 from icefloe.config import Config, load_config
 from icefloe.errors import IcefloeError
 from icefloe.storage.engine import StreamStorage
-from tests.storage.test_invariants import assert_gapless, idempotent_batch
+from tests.storage.test_invariants import assert_gapless
 from tests.support.metadata_servers import (
     MetadataServer,
     shared_etcd,
@@ -27,7 +27,7 @@ from tests.support.metadata_servers import (
     start_etcd,
     start_oxia,
 )
-from tests.support.storage_processes import tagged_records
+from tests.support.storage_processes import idempotent_batch, tagged_records
 
 BACKENDS = ["oxia", "etcd"]
 SHARED: dict[str, Callable[[], MetadataServer]] = {"oxia": shared_oxia, "etcd": shared_etcd}

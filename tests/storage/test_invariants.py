@@ -13,11 +13,11 @@ import pytest
 
 from icefloe.config import Config
 from icefloe.storage.engine import StreamStorage
-from icefloe.storage.records import Record, build_batch
 from tests.support.storage import storage_config
 from tests.support.storage_processes import (
     append_from_process,
     append_then_die_before_commit,
+    idempotent_batch,
     tagged_records,
 )
 
@@ -153,11 +153,6 @@ async def test_invariant_6_collection_never_deletes_a_referenced_wal_object(
     async with await StreamStorage.open(config) as fresh:  # nothing cached: reads hit the WAL
         for s in streams:
             assert len(await fresh.read_records(s, 0)) == 20
-
-
-def idempotent_batch(producer_id: int, epoch: int, sequence: int, count: int = 3) -> bytes:
-    rs = [Record(i, 1_700_000_000_000, b"k", f"seq{sequence + i}".encode()) for i in range(count)]
-    return build_batch(rs, producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence)
 
 
 async def test_invariant_7_a_retried_batch_through_another_engine_is_stored_once(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from icefloe.storage.engine import StreamStorage
-from icefloe.storage.records import Record
+from icefloe.storage.records import Record, build_batch
 from tests.support.storage import storage_config
 
 
@@ -65,3 +65,24 @@ def append_then_die_before_commit(data_dir: str, stream: int, **storage: Any) ->
         await engine.append(stream, tagged_records("lost", 3))
 
     asyncio.run(main())
+
+
+def append_idempotent_then_die(
+    data_dir: str, stream: int, producer_id: int, batches: int, **storage: Any
+) -> None:
+    """Append ``batches`` three-record batches of an idempotent producer, then get killed
+    (SIGKILL): the producer's lease is neither renewed nor released."""
+
+    async def main() -> None:
+        engine = await StreamStorage.open(storage_config(Path(data_dir), **storage))
+        for n in range(batches):
+            await engine.append_batches(stream, idempotent_batch(producer_id, 0, 3 * n))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main())
+
+
+def idempotent_batch(producer_id: int, epoch: int, sequence: int, count: int = 3) -> bytes:
+    """A batch of ``count`` records valued ``seq<n>`` from an idempotent producer."""
+    rs = [Record(i, 1_700_000_000_000, b"k", f"seq{sequence + i}".encode()) for i in range(count)]
+    return build_batch(rs, producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence)

@@ -68,7 +68,7 @@ KEYSPACE: Final = (
         STREAMS,
         "streams/<stream id>/producers/<producer id>",
         "icefloe.storage.producers",
-        "msgpack claim of an idempotent producer's next sequence on the stream",
+        "msgpack lease of an idempotent producer on the stream, with its last batches",
         readers=("icefloe.storage.keys",),
     ),
     Prefix(

@@ -45,6 +45,9 @@ class StorageOptions(BaseModel):
     """Offset-index entries cached across all streams."""
     commit_deadline_s: float = Field(default=60.0, gt=0)
     """A WAL object older than this is never committed to the index (the produce fails)."""
+    producer_lease_s: float = Field(default=10.0, gt=0)
+    """How long a broker process may accept an idempotent producer's batches on a partition
+    without renewing its lease; after a crash, another process takes over twice this later."""
     orphan_grace_s: float = Field(default=600.0, gt=0)
     """Unreferenced WAL objects older than this are deleted. Must exceed the commit deadline."""
 

@@ -66,7 +66,7 @@ class StreamStorage:
         self.offset_index = OffsetIndex(metadata, self.index)
         """The only writer of index entries (the writer, compaction and retention use it)."""
         self._recent = RecentWalObjects(options.wal_cache_bytes)
-        self.producers = ProducerStates(metadata, self.index, options.commit_deadline_s)
+        self.producers = ProducerStates(metadata, self.index, options.producer_lease_s)
         self._writer = WalWriter(wal, self.offset_index, options, self._recent, self.producers)
         self._reader = StreamReader(wal, object_store, self.index, self._recent)
         self._orphans = OrphanCollector(wal, metadata, options.orphan_grace_s)
@@ -114,6 +114,7 @@ class StreamStorage:
     async def close(self) -> None:
         """Commit what is buffered, stop background work, close the ports this opened."""
         await self._writer.close()
+        await self.producers.close()
         await self.index.close()
         for port in self._owned:
             await port.close()

@@ -3,38 +3,56 @@
 Kafka's rule is per (partition, producer): batches carry consecutive sequence numbers within an
 epoch, a retried batch is acknowledged again with its original offsets, a gap is
 OUT_OF_ORDER_SEQUENCE_NUMBER and an older epoch is INVALID_PRODUCER_EPOCH. A Kafka partition has
-one leader to enforce it; Icefloe has none, so the state lives in the metadata store, one record
-per (stream, producer), and every change to it is a compare-and-set. Before a batch is written it
-is *claimed* there (pending, with a deadline); the claim serialises processes that receive the
-same batch at once. The batch's offsets become known when its index entry is appended; the index
-entry lists the producer batches it holds, so any process can resolve a pending claim by looking
-at the index, and the claiming process writes the offsets into the record with its next claim.
+one leader to enforce it; Icefloe has none, so each (stream, producer) has a *lease*: a record in
+the metadata store naming the one process that may accept new batches of that producer on that
+stream until a deadline. The owner checks sequences in memory, with no store round trip per
+batch, and renews the lease in the background while the producer is active; it releases the
+lease once the producer has been idle for a moment, which is how a producer that moves to
+another broker is handed over.
 
-A claim whose index entry never appears is void once its deadline has passed: the writer never
-appends an index entry after the deadline, so the batch cannot appear later.
+Every index entry lists the producer batches it holds, so the index is the truth about what
+was written; the lease record is a summary (the last batches, and ``after_end``: a log end
+before every batch the record does not list). Any process answers a retried batch by looking
+in the index, without the lease. A process that takes a lease over — because it was released,
+or because its owner died and its deadline passed by a margin — rebuilds the state from the
+record and the index entries after ``after_end``.
+
+The writer never appends an index entry after the deadline of the lease that accepted its
+batch, and the deadline only moves once the store holds the new one; the margin covers an
+append sent just before it. So once a lease has lapsed, nothing of its owner's can appear later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from dataclasses import dataclass, field, replace
+import uuid
+from dataclasses import dataclass, field
 from typing import Final
 
 import msgpack
 from kio.schema.errors import ErrorCode
 
-from icefloe.errors import ConflictError, CorruptDataError, KafkaError
+from icefloe.errors import ConflictError, CorruptDataError, IcefloeError, KafkaError
 from icefloe.keyspace import prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.storage import counters, keys
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.locks import KeyedLocks
 
+log = logging.getLogger(__name__)
+
 KEPT_BATCHES: Final = 5
 """Kafka keeps the metadata of a producer's last five batches per partition."""
 PRODUCER_ID_BLOCK: Final = 1000
 SEQUENCE_MODULUS: Final = 1 << 31
+IDLE_RELEASE_S: Final = 1.0
+"""A lease whose producer sent nothing for this long, with nothing in flight, is released."""
+HANDOFF_WAIT_S: Final = 3.0
+"""How long a claim waits for another process to release the lease before answering
+REQUEST_TIMED_OUT (longer than :data:`IDLE_RELEASE_S`, so a producer that moved is served)."""
 
 
 class ProducerError(KafkaError):
@@ -42,7 +60,8 @@ class ProducerError(KafkaError):
 
 
 class ClaimPending(KafkaError):
-    """Another process holds a live claim on this batch; retry shortly (REQUEST_TIMED_OUT)."""
+    """Another process holds this producer's lease, or writes this very batch; retry shortly
+    (REQUEST_TIMED_OUT)."""
 
     retriable = True
 
@@ -56,19 +75,21 @@ class SequenceRange:
     last: int
     record_count: int
     first_offset: int | None = None
-    """``None`` while the batch is claimed but not yet in the index."""
+    """``None`` while the batch is accepted but not yet in the index."""
 
 
 @dataclass(slots=True)
 class ProducerRecord:
-    """The stored state of one producer on one stream."""
+    """The stored state of one producer on one stream: its lease and its last batches."""
 
     epoch: int
     batches: list[SequenceRange] = field(default_factory=list)
     deadline_ms: int = 0
-    """Deadline of the pending batches (those without offsets)."""
+    """Until when the owner may append this producer's batches (wall-clock ms)."""
     after_end: int = 0
-    """The stream's log end when the pending batches were claimed: their entries come later."""
+    """A log end before every batch of this producer that :attr:`batches` does not resolve."""
+    owner: str = ""
+    """The process holding the lease; empty once released."""
     version: int = MUST_NOT_EXIST
 
     def encode(self) -> bytes:
@@ -77,6 +98,7 @@ class ProducerRecord:
             "b": [[b.first, b.last, b.record_count, b.first_offset] for b in self.batches],
             "d": self.deadline_ms,
             "a": self.after_end,
+            "o": self.owner,
         }
         return msgpack.packb(payload)  # type: ignore[no-any-return]
 
@@ -84,8 +106,12 @@ class ProducerRecord:
     def decode(cls, value: bytes, version: int) -> ProducerRecord:
         try:
             p = msgpack.unpackb(value)
-            return cls(p["e"], [SequenceRange(*b) for b in p["b"]], p["d"], p["a"], version)
-        except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+            batches = [SequenceRange(*b) for b in p["b"]]
+            owner = p.get("o", "")
+            if not isinstance(owner, str):
+                raise TypeError(f"owner is a {type(owner).__name__}")
+            return cls(p["e"], batches, p["d"], p["a"], owner, version)
+        except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as exc:
             raise CorruptDataError(f"producer state cannot be decoded: {exc}") from exc
 
     @property
@@ -95,14 +121,15 @@ class ProducerRecord:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A batch accepted for writing: the writer must append it before ``deadline``."""
+    """A batch accepted for writing: the writer must append it before :meth:`ProducerStates.
+    deadline_of` says it is too late."""
 
     stream_id: int
     producer_id: int
     epoch: int
     sequences: SequenceRange
     deadline: float
-    """Wall-clock seconds."""
+    """The lease deadline when the batch was accepted (wall-clock seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,16 +139,42 @@ class Duplicate:
     first_offset: int
 
 
-class ProducerStates:
-    """Producer ids and the per-stream sequence state, for one process."""
+@dataclass(eq=False, slots=True)
+class _Lease:
+    """This process's lease on one (stream, producer): the state it checks batches against."""
 
-    def __init__(self, metadata: MetadataStore, index: IndexReader, claim_timeout: float) -> None:
+    stream_id: int
+    producer_id: int
+    state: ProducerRecord
+    in_flight: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    """(epoch, first, last) of accepted batches not yet committed → the log end seen before."""
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def deadline(self) -> float:
+        return self.state.deadline_ms / 1000
+
+    def after_end(self, log_end_hint: int | None) -> int:
+        """What the stored record may say as ``after_end`` now."""
+        if self.in_flight:
+            return min(self.in_flight.values())
+        return self.state.after_end if log_end_hint is None else log_end_hint
+
+
+class ProducerStates:
+    """Producer ids and the per-stream producer leases, for one process."""
+
+    def __init__(self, metadata: MetadataStore, index: IndexReader, lease_s: float) -> None:
         self._metadata = metadata
         self._index = index
-        self._claim_timeout = claim_timeout
+        self._lease_s = lease_s
+        self._id = uuid.uuid4().hex
+        """Names this process as a lease owner; a restarted process is a stranger to its past."""
         self._ids: list[int] = []
         self._id_lock = asyncio.Lock()
         self._locks = KeyedLocks()
+        self._leases: dict[tuple[int, int], _Lease] = {}
+        self._upkeep: asyncio.Task[None] | None = None
 
     async def allocate_producer_id(self) -> int:
         """A producer id unique in the cluster (allocated in blocks through the store)."""
@@ -134,80 +187,238 @@ class ProducerStates:
 
     async def drop(self, stream_id: int) -> None:
         """Forget every producer's state on a stream (the stream is being deleted)."""
+        for key in [k for k in self._leases if k[0] == stream_id]:
+            del self._leases[key]
         prefix = keys.producers_prefix(stream_id)
         await self._metadata.delete_range(prefix, prefix_end(prefix))
+
+    async def close(self) -> None:
+        """Stop renewing and release every lease (call once nothing is in flight)."""
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._upkeep
+            self._upkeep = None
+        for key, lease in list(self._leases.items()):
+            async with self._locks.hold(key):
+                if self._leases.get(key) is lease and not lease.in_flight:
+                    with contextlib.suppress(IcefloeError):
+                        await self._release(lease)
+        self._leases.clear()
+
+    # --- claims -----------------------------------------------------------------------------
 
     async def claim(
         self, stream_id: int, producer_id: int, epoch: int, first: int, last: int
     ) -> Claim | Duplicate:
-        """Check a batch against the Kafka rules and claim it for writing.
+        """Check a batch against the Kafka rules and accept it for writing.
 
         Raises:
             ProducerError: the batch is out of order or from a fenced epoch.
-            ClaimPending: another process is writing this very batch right now.
+            ClaimPending: another process holds the lease, or writes this batch, right now.
         """
-        async with self._locks.hold((stream_id, producer_id)):
-            while True:
-                # Read before resolving: an entry appended meanwhile still ends after it.
-                log_end = await self._index.log_end(stream_id)
-                state = await self._load(stream_id, producer_id)
-                outcome = _check(state, epoch, first, last)
-                if isinstance(outcome, Duplicate):
-                    return outcome
-                if outcome is _PENDING_DUPLICATE:
+        key = (stream_id, producer_id)
+        async with self._locks.hold(key):
+            lease = self._leases.get(key)
+            if lease is not None and lease.deadline - time.time() > self._lease_s / 4:
+                return self._accept(lease, epoch, first, last)
+            return await self._claim_through_store(stream_id, producer_id, epoch, first, last)
+
+    def deadline_of(self, claim: Claim) -> float:
+        """Until when the writer may append ``claim``'s batch: its lease's deadline, which
+        renewals move on, or the one it was accepted under once the lease is gone."""
+        lease = self._leases.get((claim.stream_id, claim.producer_id))
+        if lease is not None and _accepted(claim) in lease.in_flight:
+            return max(lease.deadline, claim.deadline)
+        return claim.deadline
+
+    def committed(self, claim: Claim, first_offset: int) -> None:
+        """The writer appended ``claim``'s batch at ``first_offset``."""
+        lease = self._leases.get((claim.stream_id, claim.producer_id))
+        accepted = _accepted(claim)
+        if lease is None or lease.in_flight.pop(accepted, None) is None:
+            return
+        lease.state.batches = [
+            SequenceRange(b.first, b.last, b.record_count, first_offset)
+            if (lease.state.epoch, b.first, b.last) == accepted and b.first_offset is None
+            else b
+            for b in lease.state.batches
+        ]
+
+    def failed(self, claim: Claim) -> None:
+        """The writer could not append ``claim``'s batch, and may not know whether it landed.
+
+        The lease is dropped from memory: its next claim goes through the store and, like any
+        other process, waits until the lease has lapsed, when the index tells what landed.
+        """
+        key = (claim.stream_id, claim.producer_id)
+        lease = self._leases.get(key)
+        if lease is not None and _accepted(claim) in lease.in_flight:
+            del self._leases[key]
+
+    def _accept(self, lease: _Lease, epoch: int, first: int, last: int) -> Claim | Duplicate:
+        """Check and accept a batch against a lease held in memory: no store round trip."""
+        outcome = _check(lease.state, epoch, first, last)
+        if isinstance(outcome, Duplicate):
+            return outcome
+        if outcome is _PENDING_DUPLICATE:
+            raise ClaimPending(
+                f"producer {lease.producer_id} sequence {first} is still being written"
+            )
+        state = lease.state
+        if epoch != state.epoch:
+            state.epoch, state.batches = epoch, []
+        state.batches = [*state.batches, SequenceRange(first, last, last - first + 1)][
+            -KEPT_BATCHES:
+        ]
+        hint = self._index.log_end_hint(lease.stream_id)
+        lease.in_flight[(epoch, first, last)] = state.after_end if hint is None else hint
+        lease.last_used = time.monotonic()
+        return Claim(
+            lease.stream_id,
+            lease.producer_id,
+            epoch,
+            SequenceRange(first, last, last - first + 1),
+            lease.deadline,
+        )
+
+    async def _claim_through_store(
+        self, stream_id: int, producer_id: int, epoch: int, first: int, last: int
+    ) -> Claim | Duplicate:
+        """Answer a duplicate from the index, or take the lease and accept the batch."""
+        self._leases.pop((stream_id, producer_id), None)
+        give_up = time.monotonic() + HANDOFF_WAIT_S
+        pause = 0.01
+        while True:
+            # Read before resolving: an entry appended meanwhile still ends after it.
+            log_end = await self._index.log_end(stream_id)
+            state = await self._load(stream_id, producer_id)
+            outcome = _check(state, epoch, first, last)
+            if isinstance(outcome, Duplicate):
+                return outcome
+            if state is not None and (outcome is _PENDING_DUPLICATE or self._held(state)):
+                if time.monotonic() >= give_up:
                     raise ClaimPending(
-                        f"producer {producer_id} sequence {first} is being written by another "
-                        "process"
+                        f"producer {producer_id} is being served by another broker process "
+                        "until its lease is released or lapses"
                     )
-                deadline = time.time() + self._claim_timeout
-                updated = _with_claim(state, epoch, first, last, deadline)
-                # Unresolved older claims keep their lower bound, so they can still be found.
-                updated.after_end = state.after_end if state and state.pending else log_end
-                try:
-                    record = await self._metadata.put(
-                        keys.producer_state(stream_id, producer_id),
-                        updated.encode(),
-                        expected_version=state.version if state else MUST_NOT_EXIST,
-                    )
-                except ConflictError:
-                    continue  # someone else changed the state: check again
-                updated.version = record.version
-                return Claim(
-                    stream_id,
-                    producer_id,
-                    epoch,
-                    SequenceRange(first, last, last - first + 1),
-                    deadline,
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.2)
+                continue
+            taken = ProducerRecord(
+                epoch=epoch,
+                batches=[] if state is None or epoch != state.epoch else state.batches,
+                deadline_ms=int((time.time() + self._lease_s) * 1000),
+                after_end=log_end,
+                owner=self._id,
+                version=state.version if state else MUST_NOT_EXIST,
+            )
+            try:
+                record = await self._metadata.put(
+                    keys.producer_state(stream_id, producer_id),
+                    taken.encode(),
+                    expected_version=taken.version,
                 )
+            except ConflictError:
+                continue  # someone else changed the state: check again
+            taken.version = record.version
+            lease = _Lease(stream_id, producer_id, taken)
+            self._leases[(stream_id, producer_id)] = lease
+            self._start_upkeep()
+            return self._accept(lease, epoch, first, last)
+
+    def _held(self, state: ProducerRecord) -> bool:
+        """Whether ``state``'s lease may still be used by its owner (this process included: a
+        lease it dropped after a failed write must lapse like anyone's)."""
+        if not state.owner and not state.pending:
+            return False
+        return time.time() * 1000 <= state.deadline_ms + self._lease_s * 1000
 
     async def _load(self, stream_id: int, producer_id: int) -> ProducerRecord | None:
+        """The stored state, brought up to date with the index entries after ``after_end``."""
         record = await self._metadata.get(keys.producer_state(stream_id, producer_id))
         if record is None:
             return None
         state = ProducerRecord.decode(record.value, record.version)
-        if state.pending:
-            await self._resolve(stream_id, producer_id, state)
-        return state
-
-    async def _resolve(self, stream_id: int, producer_id: int, state: ProducerRecord) -> None:
-        """Give pending batches the offsets their index entries got, or drop void claims."""
-        found: dict[tuple[int, int], int] = {}
+        lapsed = not self._held(state)
+        found: list[SequenceRange] = []
         async for entry in self._index.entries(stream_id, after_end=state.after_end):
             for p in entry.producers:
-                if p.producer_id == producer_id and p.producer_epoch == state.epoch:
-                    found[(p.first_sequence, p.last_sequence)] = entry.start + p.offset_delta
-        # The margin covers an index append that was sent just before the deadline.
-        expired = time.time() * 1000 > state.deadline_ms + self._claim_timeout * 1000
-        resolved = []
-        for batch in state.batches:
-            if batch.first_offset is None:
-                offset = found.get((batch.first, batch.last))
-                if offset is not None:
-                    batch = replace(batch, first_offset=offset)
-                elif expired:
-                    continue  # never written, and now it never will be
-            resolved.append(batch)
-        state.batches = resolved
+                if p.producer_id != producer_id or p.producer_epoch < state.epoch:
+                    continue
+                if p.producer_epoch > state.epoch:
+                    state.epoch, state.batches, found = p.producer_epoch, [], []
+                first_offset = entry.start + p.offset_delta
+                found.append(
+                    SequenceRange(p.first_sequence, p.last_sequence, p.record_count, first_offset)
+                )
+        written = {(b.first, b.last): b for b in state.batches if b.first_offset is not None}
+        written.update({(b.first, b.last): b for b in found})
+        resolved = sorted(written.values(), key=lambda b: b.first_offset or 0)
+        # A batch accepted but not found is still in flight while the lease holds, and void once
+        # it has lapsed: nothing of the owner's can be appended after that.
+        unresolved = [b for b in state.pending if (b.first, b.last) not in written]
+        if lapsed:
+            unresolved = []
+        state.batches = resolved[-KEPT_BATCHES:] + unresolved
+        return state
+
+    # --- upkeep -----------------------------------------------------------------------------
+
+    def _start_upkeep(self) -> None:
+        if self._upkeep is None or self._upkeep.done():
+            self._upkeep = asyncio.create_task(self._keep_leases(), name="producer-leases")
+
+    async def _keep_leases(self) -> None:
+        """Renew the leases of active producers and release those of idle ones."""
+        tick = min(IDLE_RELEASE_S, self._lease_s) / 4
+        while self._leases:
+            await asyncio.sleep(tick)
+            for key, lease in list(self._leases.items()):
+                async with self._locks.hold(key):
+                    if self._leases.get(key) is not lease:
+                        continue
+                    try:
+                        await self._keep(lease)
+                    except ConflictError:
+                        self._leases.pop(key, None)  # it lapsed and was taken over
+                    except IcefloeError as exc:
+                        log.warning("could not renew producer %s's lease: %s", key[1], exc)
+                        if time.time() > lease.deadline:
+                            self._leases.pop(key, None)
+
+    async def _keep(self, lease: _Lease) -> None:
+        if not lease.in_flight and time.monotonic() - lease.last_used >= IDLE_RELEASE_S:
+            await self._release(lease)
+        elif lease.deadline - time.time() < self._lease_s / 2:
+            await self._store(lease, owner=self._id, until=time.time() + self._lease_s)
+
+    async def _release(self, lease: _Lease) -> None:
+        await self._store(lease, owner="", until=time.time())
+        self._leases.pop((lease.stream_id, lease.producer_id), None)
+
+    async def _store(self, lease: _Lease, owner: str, until: float) -> None:
+        state = lease.state
+        updated = ProducerRecord(
+            epoch=state.epoch,
+            batches=list(state.batches),
+            deadline_ms=int(until * 1000),
+            after_end=lease.after_end(self._index.log_end_hint(lease.stream_id)),
+            owner=owner,
+        )
+        record = await self._metadata.put(
+            keys.producer_state(lease.stream_id, lease.producer_id),
+            updated.encode(),
+            expected_version=state.version,
+        )
+        # Only now may appends rely on the new deadline: the store holds it.
+        updated.version = record.version
+        lease.state = updated
+
+
+def _accepted(claim: Claim) -> tuple[int, int, int]:
+    """How a lease knows a batch it accepted: (epoch, first sequence, last sequence)."""
+    return claim.epoch, claim.sequences.first, claim.sequences.last
 
 
 _PENDING_DUPLICATE: Final = object()
@@ -247,16 +458,3 @@ def _check(
                 f"out of order sequence number: expected {expected}, got {first}",
             )
     return None
-
-
-def _with_claim(
-    state: ProducerRecord | None, epoch: int, first: int, last: int, deadline: float
-) -> ProducerRecord:
-    batches = [] if state is None or epoch != state.epoch else list(state.batches)
-    batches.append(SequenceRange(first, last, last - first + 1))
-    return ProducerRecord(
-        epoch=epoch,
-        batches=batches[-KEPT_BATCHES:],
-        deadline_ms=int(deadline * 1000),
-        version=state.version if state else MUST_NOT_EXIST,
-    )

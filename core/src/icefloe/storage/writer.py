@@ -215,7 +215,7 @@ class WalWriter:
                     sealed = await self._write(flush)
                 except Exception as exc:  # noqa: BLE001 - every failure must reach the appends
                     sealed = None
-                    _fail(flush.appends, exc)
+                    self._fail(flush.appends, exc)
                 # Commits go in flush order even when WAL writes finish out of order.
                 if previous is not None:
                     await asyncio.shield(previous)
@@ -253,10 +253,12 @@ class WalWriter:
         for placement, result in zip(sealed.placements, results, strict=True):
             appends = sealed.by_stream[placement.entry.stream_id]
             if isinstance(result, BaseException):
-                _fail(appends, result)
+                self._fail(appends, result)
                 continue
             offset = result.start
             for pending in appends:
+                if pending.claim is not None:
+                    self._producers.committed(pending.claim, offset)
                 if not pending.future.done():
                     pending.future.set_result(offset)
                 offset += pending.record_count
@@ -266,7 +268,7 @@ class WalWriter:
     ) -> IndexEntry:
         now = time.time()
         if now - sealed.created > self._options.commit_deadline_s or any(
-            p.claim is not None and now > p.claim.deadline for p in appends
+            p.claim is not None and now > self._producers.deadline_of(p.claim) for p in appends
         ):
             raise CommitDeadlineExceeded(
                 f"WAL object {sealed.ref} was not committed within "
@@ -287,6 +289,18 @@ class WalWriter:
             ),
             producers=_producer_batches(appends),
         )
+
+    def _fail(self, appends: Sequence[_Append], exc: BaseException) -> None:
+        if not isinstance(exc, IcefloeError):
+            log.error("stream write failed", exc_info=exc)
+            exc = UnavailableError(f"stream write failed: {exc}")
+        for pending in appends:
+            if pending.claim is not None:
+                self._producers.failed(pending.claim)
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+            with contextlib.suppress(asyncio.InvalidStateError):
+                pending.future.exception()  # marks it retrieved if nobody awaits it any more
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,14 +330,3 @@ def _producer_batches(appends: list[_Append]) -> tuple[ProducerBatch, ...]:
                 )
             delta += batch.record_count
     return tuple(producers)
-
-
-def _fail(appends: Sequence[_Append], exc: BaseException) -> None:
-    if not isinstance(exc, IcefloeError):
-        log.error("stream write failed", exc_info=exc)
-        exc = UnavailableError(f"stream write failed: {exc}")
-    for pending in appends:
-        if not pending.future.done():
-            pending.future.set_exception(exc)
-        with contextlib.suppress(asyncio.InvalidStateError):
-            pending.future.exception()  # marks it retrieved if nobody awaits it any more

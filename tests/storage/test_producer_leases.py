@@ -1,0 +1,110 @@
+"""Idempotent producers' leases: sequences checked in memory, handed over, taken over."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from icefloe.storage import keys
+from icefloe.storage.engine import StreamStorage
+from icefloe.storage.producers import ClaimPending, ProducerError, ProducerRecord
+from tests.support.storage import storage_config
+from tests.support.storage_processes import append_idempotent_then_die, idempotent_batch
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+async def stored_state(storage: StreamStorage, stream: int, producer_id: int) -> ProducerRecord:
+    record = await storage.metadata.get(keys.producer_state(stream, producer_id))
+    assert record is not None
+    return ProducerRecord.decode(record.value, record.version)
+
+
+async def values(storage: StreamStorage, stream: int) -> list[bytes]:
+    return [r.value for r in await storage.read_records(stream, 0)]
+
+
+async def append_as_a_client_would(
+    storage: StreamStorage, stream: int, batch: bytes, within: float = 30
+) -> int:
+    """Append, retrying while another process holds the producer's lease."""
+    give_up = time.monotonic() + within
+    while True:
+        try:
+            return await storage.append_batches(stream, batch)
+        except ClaimPending:
+            if time.monotonic() > give_up:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def test_an_active_producer_does_not_write_its_state_per_batch(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    pid = await storage.allocate_producer_id()
+    await storage.append_batches(stream, idempotent_batch(pid, 0, 0))
+    taken = await stored_state(storage, stream, pid)
+    offsets = [
+        await storage.append_batches(stream, idempotent_batch(pid, 0, 3 * n)) for n in range(1, 20)
+    ]
+    assert offsets == [3 * n for n in range(1, 20)]
+    assert (await stored_state(storage, stream, pid)).version == taken.version
+    assert taken.owner
+
+
+async def test_a_duplicate_is_answered_in_memory_and_a_gap_refused(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    pid = await storage.allocate_producer_id()
+    for n in range(3):
+        await storage.append_batches(stream, idempotent_batch(pid, 0, 3 * n))
+    assert await storage.append_batches(stream, idempotent_batch(pid, 0, 3)) == 3
+    with pytest.raises(ProducerError, match="out of order"):
+        await storage.append_batches(stream, idempotent_batch(pid, 0, 30))
+    assert len(await values(storage, stream)) == 9
+
+
+async def test_an_idle_producer_is_released_and_follows_its_client_to_another_engine(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream = await storage.create_stream("s")
+    pid = await storage.allocate_producer_id()
+    assert await storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 0
+    # The client moves: the first engine releases the idle lease and the other takes it.
+    assert await other_storage.append_batches(stream, idempotent_batch(pid, 0, 3)) == 3
+    assert await other_storage.append_batches(stream, idempotent_batch(pid, 0, 6)) == 6
+    # ... and back again.
+    assert await storage.append_batches(stream, idempotent_batch(pid, 0, 9)) == 9
+    assert await values(other_storage, stream) == [f"seq{i}".encode() for i in range(12)]
+
+
+async def test_a_crashed_owners_batches_are_found_by_the_engine_that_takes_over(
+    tmp_path: Path,
+) -> None:
+    settings = {"producer_lease_s": 2.0}
+    async with await StreamStorage.open(storage_config(tmp_path, **settings)) as storage:
+        stream = await storage.create_stream("s")
+        pid = await storage.allocate_producer_id()
+        # The child takes the lease with its first batch and dies before renewing it, so the
+        # stored state names none of its four batches: they are only in the index.
+        child = SPAWN.Process(
+            target=append_idempotent_then_die,
+            args=(str(tmp_path), stream, pid, 4),
+            kwargs=settings,
+        )
+        child.start()
+        await asyncio.to_thread(child.join, 60)
+        assert child.exitcode == -9
+        assert (await stored_state(storage, stream, pid)).batches == []
+
+        # A retried batch is answered at once from the index, lease or not.
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 6)) == 6
+        # A new one waits until the dead owner's lease has lapsed, then follows its batches.
+        started = time.monotonic()
+        assert await append_as_a_client_would(storage, stream, idempotent_batch(pid, 0, 12)) == 12
+        assert time.monotonic() - started < 2 * settings["producer_lease_s"] + 1
+        assert await values(storage, stream) == [f"seq{i}".encode() for i in range(15)]
