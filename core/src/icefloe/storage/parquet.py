@@ -2,8 +2,9 @@
 
 A data file holds one stream's records ``[start, end)`` with :data:`ROW_SCHEMA`. Rows keep their
 batch's base offset and attributes, so the batches a consumer fetched from the WAL can be
-rebuilt from the table with the same offsets, keys, values, headers and timestamps (records are
-re-encoded uncompressed: compression is a transport detail the consumer decodes anyway).
+rebuilt from the table with the same offsets, keys, values, headers and timestamps
+(:mod:`icefloe.storage.rebuild`; records are re-encoded uncompressed: compression is a
+transport detail the consumer decodes anyway).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from icefloe.storage.batch import TimestampType
-from icefloe.storage.records import Record, build_batch, decode_batch
+from icefloe.storage.records import decode_batch
 from icefloe.storage.row_schema import ROW_SCHEMA
 
 ROW_GROUP_BYTES: Final = 1 << 20
@@ -115,73 +115,3 @@ def _batch_aligned_slices(table: pa.Table, rows: int) -> Iterable[pa.Table]:
             end += 1
         yield table.slice(start, end - start)
         start = end
-
-
-def rebuild_batches(table: pa.Table) -> bytes:
-    """Kafka record batches (uncompressed) for the rows of ``table``, in offset order."""
-    micros = table.column("timestamp").cast(pa.int64()).to_pylist()
-    rows = _Rows(
-        offsets=table.column("offset").to_pylist(),
-        millis=[m // 1000 for m in micros],
-        keys=table.column("key").to_pylist(),
-        values=table.column("value").to_pylist(),
-        headers=table.column("headers").to_pylist(),
-        bases=table.column("batch_base_offset").to_pylist(),
-        attributes=table.column("batch_attributes").to_pylist(),
-        timestamp_types=table.column("timestamp_type").to_pylist(),
-        producer_ids=table.column("producer_id").to_pylist(),
-        producer_epochs=table.column("producer_epoch").to_pylist(),
-        base_sequences=table.column("base_sequence").to_pylist(),
-    )
-    out = bytearray()
-    i = 0
-    while i < table.num_rows:
-        j = i
-        while j < table.num_rows and rows.bases[j] == rows.bases[i]:
-            j += 1
-        out += rows.batch(i, j)
-        i = j
-    return bytes(out)
-
-
-@dataclass(frozen=True, slots=True)
-class _Rows:
-    """Columns of a table slice as Python lists, for rebuilding batches."""
-
-    offsets: list[int]
-    millis: list[int]
-    keys: list[bytes | None]
-    values: list[bytes | None]
-    headers: list[list[dict[str, object]]]
-    bases: list[int]
-    attributes: list[int]
-    timestamp_types: list[int]
-    producer_ids: list[int]
-    producer_epochs: list[int]
-    base_sequences: list[int]
-
-    def batch(self, i: int, j: int) -> bytes:
-        """The batch of rows ``[i, j)``, which share one base offset."""
-        records = [
-            Record(
-                self.offsets[k],
-                self.millis[k],
-                self.keys[k],
-                self.values[k],
-                tuple((str(h["key"]), _optional_bytes(h["value"])) for h in self.headers[k]),
-            )
-            for k in range(i, j)
-        ]
-        return build_batch(
-            records,
-            base_offset=self.bases[i],
-            producer_id=self.producer_ids[i],
-            producer_epoch=self.producer_epochs[i],
-            base_sequence=self.base_sequences[i],
-            timestamp_type=TimestampType(self.timestamp_types[i]),
-            is_transactional=bool(self.attributes[i] & _TRANSACTIONAL_BIT),
-        )
-
-
-def _optional_bytes(value: object) -> bytes | None:
-    return None if value is None else bytes(value)  # type: ignore[call-overload]

@@ -17,8 +17,8 @@ from icefloe.storage import batch as batches
 from icefloe.storage import records
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
-from icefloe.storage.parquet import rebuild_batches
 from icefloe.storage.parquet_reader import ParquetRangeReader
+from icefloe.storage.rebuild import rebuild_batches
 from icefloe.storage.recent import RecentWalObjects
 
 MAX_ENTRIES_PER_READ = 64
