@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
-from icefloe.errors import UnavailableError
-from icefloe.ports.metadata import RESET, EventKind, MetadataStore
+from icefloe.errors import AlreadyExistsError, UnavailableError
+from icefloe.ports.metadata import MUST_NOT_EXIST, RESET, EventKind, MetadataStore
 from icefloe.testing.metadata_contract import (
     MetadataStoreContract,
     events_until,
@@ -158,6 +158,23 @@ class TestSqliteMetadataStore(MetadataStoreContract):
                 opening = [pool.submit(open_when_all_are_ready, options, ready) for _ in range(4)]
                 for future in opening:
                     future.result()  # raises what the open raised
+
+    @pytest.mark.asyncio
+    async def test_a_failed_write_among_concurrent_ones_fails_alone(self, tmp_path: Path) -> None:
+        # Concurrent writes share one transaction (one fsync); each still stands on its own.
+        store = await self.open_store(tmp_path, self.backend_options(tmp_path, ""))
+        try:
+            await store.put("taken", b"old")
+            writes = [store.put(f"k/{i:02d}", b"v") for i in range(40)]
+            writes.insert(20, store.put("taken", b"new", expected_version=MUST_NOT_EXIST))
+            results = await asyncio.gather(*writes, return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            assert len(failed) == 1
+            assert isinstance(failed[0], AlreadyExistsError)
+            assert len(await store.scan("k/", "k0")) == 40
+            assert (await store.get("taken")).value == b"old"  # type: ignore[union-attr]
+        finally:
+            await store.close()
 
     @pytest.mark.asyncio
     async def test_close_deletes_the_keys_of_open_sessions(self, tmp_path: Path) -> None:

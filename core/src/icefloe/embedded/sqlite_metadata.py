@@ -177,6 +177,7 @@ class _Database:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._retention = options.changelog_retention
         self._pruned_through = 0  # a cache: only used to skip pruning that is not due
+        self._in_group = False  # inside run_group: writes take savepoints, not transactions
         # isolation_level=None: the sqlite3 module issues no implicit BEGIN; we do it ourselves.
         self._conn = sqlite3.connect(path, isolation_level=None)
         try:
@@ -225,8 +226,43 @@ class _Database:
 
     # --- transactions and the change log ----------------------------------------------------
 
+    def run_group(self, calls: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+        """Run write ``calls`` in one transaction: one commit (one fsync) for them all.
+
+        Each call runs in its own savepoint, so a call that fails (a version conflict) leaves
+        the others' writes in place. Returns (succeeded, result or exception) per call.
+        """
+        outcomes: list[tuple[bool, Any]] = []
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._in_group = True
+        try:
+            for call in calls:
+                try:
+                    outcomes.append((True, call()))
+                except Exception as exc:  # noqa: BLE001 - handed to the call's own caller
+                    outcomes.append((False, exc))
+                if not self._conn.in_transaction:
+                    # SQLite rolled the whole transaction back (a full disk, an I/O error):
+                    # the writes before this one are gone too.
+                    succeeded, failure = outcomes[-1]
+                    if succeeded:
+                        raise StorageError("the metadata transaction was rolled back")
+                    raise failure
+            self._prune()
+            self._conn.execute("COMMIT")
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+        finally:
+            self._in_group = False
+        return outcomes
+
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
+        if self._in_group:
+            yield from self._in_savepoint()
+            return
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -237,6 +273,17 @@ class _Database:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             raise
+
+    def _in_savepoint(self) -> Iterator[None]:
+        self._conn.execute("SAVEPOINT one_write")
+        try:
+            yield
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK TO one_write")
+                self._conn.execute("RELEASE one_write")
+            raise
+        self._conn.execute("RELEASE one_write")
 
     def _record_change(self, key: str, kind: EventKind) -> int:
         cursor = self._conn.execute(
@@ -580,6 +627,9 @@ class SqliteMetadataStore(MetadataStore):
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         """Set after every local commit and watcher registration; wakes the watch pump."""
+        self._queued: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        """Writes waiting for the next group commit."""
+        self._committer: asyncio.Task[None] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._spawn(self._reap_forever(), "reaper")
 
@@ -627,10 +677,39 @@ class SqliteMetadataStore(MetadataStore):
         return await self._submit(fn, *args, **kwargs)
 
     async def _write(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        # Writes queue while a group commits, and the next group takes them all: under load
+        # many writes share one fsync, and an idle store still commits a write at once.
         self._check_open()
-        result = await self._submit(fn, *args, **kwargs)
+        call = functools.partial(_translated, self._path, functools.partial(fn, *args, **kwargs))
+        done: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        self._queued.append((call, done))
+        if self._committer is None:
+            self._committer = self._spawn(self._commit_queued(), "group-commit")
+        result = await done
         self._changed.set()
         return result
+
+    async def _commit_queued(self) -> None:
+        group: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        try:
+            while self._queued:
+                group, self._queued = self._queued, []
+                try:
+                    outcomes = await self._submit(self._db.run_group, [c for c, _ in group])
+                except Exception as exc:  # noqa: BLE001 - every write of the group hears of it
+                    outcomes = [(False, exc)] * len(group)
+                for (_, done), (succeeded, value) in zip(group, outcomes, strict=True):
+                    if done.done():
+                        continue
+                    if succeeded:
+                        done.set_result(value)
+                    else:
+                        done.set_exception(value)
+        finally:
+            self._committer = None
+            for _, done in [*group, *self._queued]:
+                if not done.done():  # cancelled: no write may wait forever
+                    done.set_exception(ClosedError(f"metadata store {self._path} is closed"))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -830,6 +909,9 @@ class SqliteMetadataStore(MetadataStore):
         if self._closed:
             return
         self._closed = True
+        if self._committer is not None:
+            # Writes accepted before close are committed; no new ones can queue now.
+            await asyncio.gather(self._committer, return_exceptions=True)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
