@@ -83,7 +83,9 @@ def test_join_waits_until_every_member_has_rejoined() -> None:
 
 
 def test_initial_delay_holds_the_first_join_of_an_empty_group() -> None:
-    options = OPTIONS.model_copy(update={"initial_rebalance_delay_ms": 3000})
+    options = OPTIONS.model_copy(
+        update={"initial_rebalance_delay_ms": 3000, "initial_rebalance_quiet_ms": 3000}
+    )
     g, _ = classic.join(None, "g", request(), T0, options, "a")
     assert g is not None
     assert g.state is ClassicState.PREPARING_REBALANCE
@@ -91,6 +93,37 @@ def test_initial_delay_holds_the_first_join_of_an_empty_group() -> None:
     done = classic.advance(g, {}, T0 + 3000, options)
     assert done is not None
     assert done.state is ClassicState.COMPLETING_REBALANCE
+
+
+def test_a_lone_first_member_waits_only_the_quiet_period() -> None:
+    options = OPTIONS.model_copy(
+        update={"initial_rebalance_delay_ms": 3000, "initial_rebalance_quiet_ms": 300}
+    )
+    g, _ = classic.join(None, "g", request(), T0, options, "a")
+    assert g is not None
+    assert classic.next_deadline(g, {}) == T0 + 300
+    assert classic.advance(g, {}, T0 + 299, options) is None
+    done = classic.advance(g, {}, T0 + 300, options)
+    assert done is not None
+    assert done.state is ClassicState.COMPLETING_REBALANCE
+    assert [m.member_id for m in done.members] == ["a"]
+
+
+def test_members_arriving_together_join_one_generation_within_the_cap() -> None:
+    options = OPTIONS.model_copy(
+        update={"initial_rebalance_delay_ms": 1000, "initial_rebalance_quiet_ms": 300}
+    )
+    g, _ = classic.join(None, "g", request(), T0, options, "m0")
+    for n in range(1, 5):  # one every 200 ms: each arrives within the quiet period
+        assert g is not None
+        g, _ = classic.join(g, "g", request(), T0 + 200 * n, options, f"m{n}")
+    assert g is not None
+    assert g.state is ClassicState.PREPARING_REBALANCE
+    assert classic.next_deadline(g, {}) == T0 + 1000  # the cap, not 800 + 300
+    done = classic.advance(g, {}, T0 + 1000, options)
+    assert done is not None
+    assert done.state is ClassicState.COMPLETING_REBALANCE
+    assert len(done.members) == 5
 
 
 def test_leader_receives_every_members_metadata_and_followers_none() -> None:

@@ -15,7 +15,10 @@ class GroupOptions(BaseModel):
     max_session_timeout_ms: int = Field(default=1_800_000, ge=1)
     """Largest session timeout a classic member may ask for (``group.max.session.timeout.ms``)."""
     initial_rebalance_delay_ms: int = Field(default=3_000, ge=0)
-    """How long the first rebalance of an empty classic group waits for more members."""
+    """Longest wait of the first rebalance of an empty classic group for more members."""
+    initial_rebalance_quiet_ms: int = Field(default=300, ge=0)
+    """The first rebalance of an empty classic group starts once no new member has joined for
+    this long, within ``initial_rebalance_delay_ms`` (equal values: Kafka's fixed delay)."""
     consumer_session_timeout_ms: int = Field(default=45_000, ge=1)
     """KIP-848 session timeout, decided by the broker (``group.consumer.session.timeout.ms``)."""
     consumer_heartbeat_interval_ms: int = Field(default=5_000, ge=1)

@@ -188,6 +188,9 @@ def _add_member(
     g = replace(g, protocol_type=request.protocol_type, members=(*g.members, member))
     if g.state is not ClassicState.PREPARING_REBALANCE:
         g = _prepare_rebalance(g, now, options, joined={member_id})
+    elif now < g.join_cap_ms:
+        # Members are still arriving at a new group: wait until they stop, within the cap.
+        g = replace(g, join_ready_ms=min(g.join_cap_ms, now + options.initial_rebalance_quiet_ms))
     return _maybe_complete_join(g, now), JoinWait(member_id, before)
 
 
@@ -483,12 +486,14 @@ def _prepare_rebalance(
 ) -> ClassicGroup:
     was_empty = g.state is ClassicState.EMPTY
     members = tuple(replace(m, joined=m.member_id in joined) for m in g.members)
+    cap = now + options.initial_rebalance_delay_ms if was_empty else 0
     return replace(
         g,
         state=ClassicState.PREPARING_REBALANCE,
         members=members,
         deadline_ms=now + max((m.rebalance_timeout_ms for m in members), default=0),
-        join_ready_ms=now + options.initial_rebalance_delay_ms if was_empty else now,
+        join_ready_ms=min(cap, now + options.initial_rebalance_quiet_ms) if was_empty else now,
+        join_cap_ms=cap,
     )
 
 
@@ -520,6 +525,7 @@ def _complete_join(g: ClassicGroup, now: int) -> ClassicGroup:
         members=members,
         deadline_ms=now + max(m.rebalance_timeout_ms for m in members),
         join_ready_ms=0,
+        join_cap_ms=0,
     )
 
 
@@ -546,6 +552,7 @@ def _emptied(g: ClassicGroup) -> ClassicGroup:
         members=(),
         deadline_ms=0,
         join_ready_ms=0,
+        join_cap_ms=0,
     )
 
 

@@ -92,7 +92,10 @@ class ClassicGroup:
     """PreparingRebalance: the join completes by then with whoever joined.
     CompletingRebalance: the leader must have sent its assignment by then."""
     join_ready_ms: int = 0
-    """PreparingRebalance: the join may not complete earlier (Kafka's initial delay)."""
+    """PreparingRebalance: the join may not complete earlier (the initial delay)."""
+    join_cap_ms: int = 0
+    """PreparingRebalance of an empty group: when the initial delay ends, however many members
+    keep arriving."""
 
     type: ClassVar[GroupType] = GroupType.CLASSIC
 
@@ -197,6 +200,7 @@ def encode(group: Group) -> bytes:
             "pending": [list(p) for p in group.pending],
             "deadline_ms": group.deadline_ms,
             "join_ready_ms": group.join_ready_ms,
+            "join_cap_ms": group.join_cap_ms,
         }
     else:
         body = {
@@ -235,6 +239,7 @@ def decode(value: bytes) -> Group:
                 pending=tuple((member, until) for member, until in p["pending"]),
                 deadline_ms=p["deadline_ms"],
                 join_ready_ms=p["join_ready_ms"],
+                join_cap_ms=p.get("join_cap_ms", 0),
             )
         return ConsumerGroup(
             group_id=p["id"],
