@@ -119,6 +119,6 @@ async def test_a_wal_object_replaced_by_compaction_is_not_lost(
     (wal_entry,) = await storage.index.scan(stream)
     await compactor.until_idle()
     object_file(config, wal_entry).unlink()  # as garbage collection would, after the swap
-    storage.index.remember(wal_entry)  # a stale cache, as before a notification arrives
+    storage.index.remember(wal_entry, 0)  # a stale cache, as before a notification arrives
 
     assert comparable(await read_all(storage, stream)) == comparable(before)

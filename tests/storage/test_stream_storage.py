@@ -10,7 +10,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import ConflictError, NotFoundError
-from icefloe.storage import index_reader
+from icefloe.storage import index_reader, keys
 from icefloe.storage.batch import BatchError, Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange
@@ -245,3 +245,29 @@ async def test_the_log_start_hint_follows_retention_anywhere(
         return await storage.index.log_start_hint(stream) == 3
 
     await eventually(start_seen)
+
+
+async def test_an_entry_stays_cached_after_the_notice_of_its_own_append(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream, barrier = await storage.create_stream("s"), await storage.create_stream("barrier")
+    await storage.append(stream, records(3))
+    # Notices arrive in order: once the other engine's append is seen, so is our own.
+    await other_storage.append(barrier, records(1))
+
+    async def barrier_seen() -> bool:
+        return storage.index.log_end_hint(barrier) == 1
+
+    await eventually(barrier_seen)
+    looked_up: list[str] = []
+    real_ceiling = storage.metadata.ceiling
+
+    async def counting_ceiling(key: str) -> object:
+        looked_up.append(key)
+        return await real_ceiling(key)
+
+    storage.metadata.ceiling = counting_ceiling  # type: ignore[method-assign, assignment]
+    assert len(await storage.read_records(stream, 0)) == 3
+    # The entry came from the cache; only the log end is asked of the store (absence is
+    # never trusted to a cache).
+    assert looked_up == [keys.index_search_key(stream, 3 + 1)]

@@ -29,11 +29,13 @@ SCAN_PAGE = 1000
 class _StreamCache:
     """Cached entries of one stream, sorted by end offset."""
 
-    __slots__ = ("ends", "entries")
+    __slots__ = ("ends", "entries", "versions")
 
     def __init__(self) -> None:
         self.ends: list[int] = []
         self.entries: list[IndexEntry] = []
+        self.versions: list[int] = []
+        """The store's version of each entry's record."""
 
     def find(self, offset: int) -> IndexEntry | None:
         """The cached entry holding ``offset``, if any."""
@@ -42,19 +44,24 @@ class _StreamCache:
             return self.entries[i]
         return None
 
-    def add(self, entry: IndexEntry) -> bool:
+    def add(self, entry: IndexEntry, version: int) -> bool:
         i = bisect.bisect_left(self.ends, entry.end)
         if i < len(self.ends) and self.ends[i] == entry.end:
             return False
         self.ends.insert(i, entry.end)
         self.entries.insert(i, entry)
+        self.versions.insert(i, version)
         return True
 
-    def evict_end(self, end: int) -> bool:
+    def evict_end(self, end: int, unless_version: int | None = None) -> bool:
+        """Drop the entry ending at ``end``, unless its record has ``unless_version``."""
         i = bisect.bisect_left(self.ends, end)
         if i < len(self.ends) and self.ends[i] == end:
+            if unless_version is not None and self.versions[i] == unless_version:
+                return False
             del self.ends[i]
             del self.entries[i]
+            del self.versions[i]
             return True
         return False
 
@@ -106,7 +113,7 @@ class IndexReader:
         if record is None or not first <= record.key < last:
             return None
         entry = index.decode(record.key, record.value)
-        self.remember(entry)
+        self.remember(entry, record.version)
         return entry
 
     async def entries_from(self, stream_id: int, offset: int, limit: int) -> list[IndexEntry]:
@@ -131,7 +138,7 @@ class IndexReader:
         if record is None or not first <= record.key < last:
             return None
         entry = index.decode(record.key, record.value)
-        self.remember(entry)
+        self.remember(entry, record.version)
         return entry
 
     async def first_entry(self, stream_id: int) -> IndexEntry | None:
@@ -140,7 +147,7 @@ class IndexReader:
         if record is None or not first <= record.key < last:
             return None
         entry = index.decode(record.key, record.value)
-        self.remember(entry)
+        self.remember(entry, record.version)
         return entry
 
     async def log_start(self, stream_id: int) -> int:
@@ -186,8 +193,9 @@ class IndexReader:
         if cache is not None and cache.evict_end(entry.end):
             self._cached -= 1
 
-    def remember(self, entry: IndexEntry) -> None:
-        """Add an entry to the cache (the writer calls this for its own commits)."""
+    def remember(self, entry: IndexEntry, version: int) -> None:
+        """Add an entry read or written as the record of ``version`` to the cache (the
+        writer calls this for its own commits)."""
         self._saw_end(entry.stream_id, entry.end)
         if self._capacity == 0:
             return
@@ -195,7 +203,7 @@ class IndexReader:
         if cache is None:
             cache = self._streams[entry.stream_id] = _StreamCache()
         self._streams.move_to_end(entry.stream_id)
-        if cache.add(entry):
+        if cache.add(entry, version):
             self._cached += 1
             self._shrink()
         self._wake(entry.stream_id)
@@ -277,7 +285,9 @@ class IndexReader:
             self._starts.pop(stream_id, None)  # the first entry may be the one that went
         cache = self._streams.get(stream_id)
         # A deleted entry is gone; a rewritten one (compaction put a Parquet entry under the
-        # key of the last WAL entry it replaces) is read again on next use.
-        if cache is not None and cache.evict_end(end):
+        # key of the last WAL entry it replaces) is read again on next use. The notice of a
+        # record the cache already holds (this process's own append) changes nothing.
+        unchanged = event.version if event.kind is EventKind.PUT else None
+        if cache is not None and cache.evict_end(end, unless_version=unchanged):
             self._cached -= 1
         self._wake(stream_id)

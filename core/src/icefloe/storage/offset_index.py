@@ -77,7 +77,7 @@ class OffsetIndex:
             keys.index_sequence(stream_id), value, (record_count, size)
         )
         entry = index.decode(record.key, record.value)
-        self._reader.remember(entry)
+        self._reader.remember(entry, record.version)
         return entry
 
     async def swap(
