@@ -22,7 +22,7 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from icefloe.broker import protocol
 from icefloe.broker.apis import SUPPORTED_APIS, Api
@@ -39,6 +39,11 @@ CLOSE_GRACE_S = 5.0
 """How long a closing connection may take to send what it still has queued."""
 
 Handler = Callable[["RequestContext", Any], Awaitable[Any]]
+
+
+READ_BUFFER_BYTES: Final = 256 << 10
+"""The stream limit of a connection: its socket reads pause once twice this is buffered.
+asyncio's 64 KiB default stops and restarts reading several times per produce request."""
 
 
 @dataclass
@@ -98,7 +103,9 @@ class KafkaServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen; return the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        self._server = await asyncio.start_server(
+            self._serve, host, port, reuse_address=True, limit=READ_BUFFER_BYTES
+        )
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 
