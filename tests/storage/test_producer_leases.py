@@ -6,12 +6,20 @@ import asyncio
 import multiprocessing
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from icefloe.ports.metadata import Record
 from icefloe.storage import keys
 from icefloe.storage.engine import StreamStorage
-from icefloe.storage.producers import ClaimPending, ProducerError, ProducerRecord
+from icefloe.storage.producers import (
+    Claim,
+    ClaimPending,
+    Duplicate,
+    ProducerError,
+    ProducerRecord,
+)
 from tests.support.storage import storage_config
 from tests.support.storage_processes import append_idempotent_then_die, idempotent_batch
 
@@ -108,3 +116,31 @@ async def test_a_crashed_owners_batches_are_found_by_the_engine_that_takes_over(
         assert await append_as_a_client_would(storage, stream, idempotent_batch(pid, 0, 12)) == 12
         assert time.monotonic() - started < 2 * settings["producer_lease_s"] + 1
         assert await values(storage, stream) == [f"seq{i}".encode() for i in range(15)]
+
+
+async def test_a_commit_during_a_renewal_is_kept(tmp_path: Path) -> None:
+    """The renewal's write is on its way when a batch commits: the batch keeps its offset."""
+    async with await StreamStorage.open(storage_config(tmp_path, producer_lease_s=0.4)) as storage:
+        producers, metadata = storage.producers, storage.metadata
+        first = await producers.claim(1, 7, 0, 0, 2)
+        assert isinstance(first, Claim)
+        producers.committed(first, 0)
+        second = await producers.claim(1, 7, 0, 3, 5)
+        assert isinstance(second, Claim)
+
+        real_put = metadata.put
+        renewing, go_on = asyncio.Event(), asyncio.Event()
+
+        async def held_put(*args: Any, **kwargs: Any) -> Record:
+            renewing.set()
+            await go_on.wait()
+            return await real_put(*args, **kwargs)
+
+        metadata.put = held_put  # type: ignore[method-assign]
+        await asyncio.wait_for(renewing.wait(), 5)
+        producers.committed(second, 3)
+        metadata.put = real_put  # type: ignore[method-assign]
+        go_on.set()
+        await asyncio.sleep(0.05)
+
+        assert await producers.claim(1, 7, 0, 3, 5) == Duplicate(3)

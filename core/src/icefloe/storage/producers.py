@@ -411,9 +411,12 @@ class ProducerStates:
             updated.encode(),
             expected_version=state.version,
         )
-        # Only now may appends rely on the new deadline: the store holds it.
-        updated.version = record.version
-        lease.state = updated
+        # Only now may appends rely on the new deadline: the store holds it. The batches stay
+        # those in memory: a commit may have given one its offset while the put was on its way.
+        state.version = record.version
+        state.deadline_ms = updated.deadline_ms
+        state.after_end = updated.after_end
+        state.owner = owner
 
 
 def _accepted(claim: Claim) -> tuple[int, int, int]:
