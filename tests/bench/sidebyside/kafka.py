@@ -236,8 +236,8 @@ def create_kafka_topic(bootstrap: str, name: str, partitions: int, timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         topic = admin.list_topics(name, timeout=10).topics.get(name)
-        if topic is not None and topic.error is None and len(topic.partitions) == partitions:
-            if all(p.leader >= 0 for p in topic.partitions.values()):
-                return
+        leaders = [] if topic is None or topic.error else list(topic.partitions.values())
+        if len(leaders) == partitions and all(p.leader >= 0 for p in leaders):
+            return
         time.sleep(0.2)
     raise SetupError(f"topic {name} has no leader for every partition after {timeout} s")
