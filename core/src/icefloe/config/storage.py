@@ -17,7 +17,7 @@ class FlushProfile(enum.StrEnum):
 
 PROFILES: Final[dict[FlushProfile, tuple[int, float]]] = {
     FlushProfile.COST: (4 << 20, 0.200),
-    FlushProfile.LATENCY: (512 << 10, 0.005),
+    FlushProfile.LATENCY: (1 << 20, 0.005),
 }
 """(flush size in bytes, flush interval in seconds) of each profile."""
 
