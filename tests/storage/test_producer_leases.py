@@ -65,7 +65,9 @@ async def test_an_active_producer_does_not_write_its_state_per_batch(
     assert taken.owner
 
 
-async def test_a_duplicate_is_answered_in_memory_and_a_gap_refused(storage: StreamStorage) -> None:
+async def test_the_lease_holder_answers_a_duplicate_and_refuses_a_gap(
+    storage: StreamStorage,
+) -> None:
     stream = await storage.create_stream("s")
     pid = await storage.allocate_producer_id()
     for n in range(3):
