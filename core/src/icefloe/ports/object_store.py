@@ -190,7 +190,14 @@ class ObjectStore(Port):
 
     def engine_options(self) -> dict[str, str]:
         """Settings an engine needs to reach :meth:`url` (endpoint, region, credentials), in
-        the object_store/fsspec vocabulary; empty when the URL says it all."""
+        the vocabulary of the Rust ``object_store`` crate (delta-rs, DuckDB's delta extension,
+        Polars); empty when the URL says it all."""
+        return {}
+
+    def iceberg_properties(self) -> dict[str, str]:
+        """The same settings as Iceberg FileIO properties (``s3.endpoint``, ``adls.account-name``,
+        …: pyiceberg's names, which Iceberg's Java FileIOs share); empty when the URL says it
+        all."""
         return {}
 
     # --- adapter primitives -------------------------------------------------------------------

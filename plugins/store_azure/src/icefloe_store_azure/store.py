@@ -32,6 +32,7 @@ from icefloe.adapters.write_id import WriteIds, new_write_id
 from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind, RequestStats
+from icefloe_store_azure.engines import resolve_access
 from icefloe_store_azure.errors import status_of, translate
 from icefloe_store_azure.options import AzureObjectStoreOptions
 
@@ -67,6 +68,8 @@ class AzureObjectStore(ObjectStore):
         super().__init__()
         self.stats = stats
         self._container = container
+        self._container_name = options.container
+        self._access = resolve_access(container)
         self._folder = f"{options.prefix}/" if options.prefix else ""
         self._part_size = options.part_size
         self._sdk = BlockingSdk(
@@ -194,6 +197,15 @@ class AzureObjectStore(ObjectStore):
         return None if found is None else (found.metadata or {})
 
     # --- blocking SDK calls, run on the pool --------------------------------------------------
+
+    def _url(self, key: str) -> str:
+        return f"abfs://{self._container_name}/{self._name(key)}".rstrip("/")
+
+    def engine_options(self) -> dict[str, str]:
+        return self._access.object_store_options()
+
+    def iceberg_properties(self) -> dict[str, str]:
+        return self._access.iceberg_properties()
 
     def _name(self, key: str) -> str:
         return self._folder + key

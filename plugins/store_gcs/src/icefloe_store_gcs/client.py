@@ -15,10 +15,10 @@ from google.cloud.storage.retry import DEFAULT_RETRY  # type: ignore[import-unty
 
 from icefloe.ports.object_store import RequestStats
 from icefloe_store_gcs.counting import CountingAdapter
+from icefloe_store_gcs.engines import EMULATOR_ENV
 from icefloe_store_gcs.options import GCSObjectStoreOptions
 
 SCOPES: Final = ("https://www.googleapis.com/auth/devstorage.read_write",)
-EMULATOR_ENV: Final = "STORAGE_EMULATOR_HOST"
 
 
 def make_client(options: GCSObjectStoreOptions, stats: RequestStats) -> Any:

@@ -39,6 +39,7 @@ from icefloe.errors import (
 )
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind, RequestStats
+from icefloe_store_gcs.engines import resolve_access
 from icefloe_store_gcs.errors import status_of, translate
 from icefloe_store_gcs.options import GCSObjectStoreOptions
 
@@ -74,6 +75,7 @@ class GCSObjectStore(ObjectStore):
         self._retry = retry
         self._options = options
         self._folder = f"{options.prefix}/" if options.prefix else ""
+        self._access = resolve_access(options)
         self._part_size = options.part_size
         self._sdk = BlockingSdk(
             f"the GCS object store on bucket {options.bucket!r}",
@@ -214,6 +216,15 @@ class GCSObjectStore(ObjectStore):
         return None if blob is None else (blob.metadata or {})
 
     # --- blocking SDK calls, run on the pool --------------------------------------------------
+
+    def _url(self, key: str) -> str:
+        return f"gs://{self._bucket_name}/{self._name(key)}".rstrip("/")
+
+    def engine_options(self) -> dict[str, str]:
+        return self._access.object_store_options()
+
+    def iceberg_properties(self) -> dict[str, str]:
+        return self._access.iceberg_properties()
 
     def _name(self, key: str) -> str:
         return self._folder + key

@@ -7,11 +7,13 @@ from typing import Any
 import boto3  # type: ignore[import-untyped]
 from botocore.config import Config  # type: ignore[import-untyped]
 
+from icefloe_store_s3.engines import S3Access, resolve_access
 from icefloe_store_s3.options import S3ObjectStoreOptions
 
 
-def make_client(options: S3ObjectStoreOptions) -> Any:
-    """A thread-safe S3 client with retries, timeouts and a pool sized from ``options``.
+def make_client(options: S3ObjectStoreOptions) -> tuple[Any, S3Access]:
+    """A thread-safe S3 client with retries, timeouts and a pool sized from ``options``, and
+    how table engines reach the bucket the same way.
 
     Settings left unset are resolved by boto3 (environment, config files, instance role).
     """
@@ -28,7 +30,7 @@ def make_client(options: S3ObjectStoreOptions) -> Any:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    return session.client(
+    client = session.client(
         "s3",
         endpoint_url=options.endpoint_url,
         aws_access_key_id=_reveal(options.access_key_id),
@@ -36,6 +38,7 @@ def make_client(options: S3ObjectStoreOptions) -> Any:
         aws_session_token=_reveal(options.session_token),
         config=config,
     )
+    return client, resolve_access(options, session, client)
 
 
 def _reveal(secret: Any) -> str | None:

@@ -33,6 +33,7 @@ from icefloe.errors import AlreadyExistsError, StorageError, UnavailableError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectInfo, ObjectStore, RequestKind
 from icefloe_store_s3.counting import RequestCounter
+from icefloe_store_s3.engines import S3Access
 from icefloe_store_s3.errors import (
     CONCURRENT_CONDITIONAL_WRITE,
     NOT_FOUND_CODES,
@@ -58,15 +59,19 @@ class S3ObjectStore(ObjectStore):
     capabilities = frozenset({ObjectStore.SHARED})
     options_model = S3ObjectStoreOptions
 
-    def __init__(self, client: Any, options: S3ObjectStoreOptions) -> None:
+    def __init__(
+        self, client: Any, options: S3ObjectStoreOptions, access: S3Access | None = None
+    ) -> None:
         """Wrap a boto3 S3 client; :meth:`open` is the usual way in.
 
         Args:
             client: A boto3 S3 client (thread-safe), owned by this store from now on.
             options: The validated options.
+            access: How table engines reach the bucket (default: with their own settings).
         """
         super().__init__()
         self._client = client
+        self._access = access or S3Access(endpoint=options.endpoint_url, region=options.region)
         self._bucket = options.bucket
         self._folder = f"{options.prefix}/" if options.prefix else ""
         self._part_size = options.part_size
@@ -91,7 +96,8 @@ class S3ObjectStore(ObjectStore):
         """
         from icefloe_store_s3.client import make_client  # boto3 is imported only here
 
-        store = cls(await asyncio.to_thread(make_client, options), options)
+        client, access = await asyncio.to_thread(make_client, options)
+        store = cls(client, options, access)
         try:
             await store._sdk.call(
                 "list (at open)",
@@ -217,6 +223,15 @@ class S3ObjectStore(ObjectStore):
         raise UnavailableError(
             f"S3 put {key!r}: concurrent conditional writes kept conflicting; try again later"
         )
+
+    def _url(self, key: str) -> str:
+        return f"s3://{self._bucket}/{self._name(key)}".rstrip("/")
+
+    def engine_options(self) -> dict[str, str]:
+        return self._access.object_store_options()
+
+    def iceberg_properties(self) -> dict[str, str]:
+        return self._access.iceberg_properties()
 
     async def _metadata_at(self, key: str) -> Mapping[str, str] | None:
         """The user metadata of the object at ``key``, or ``None`` if there is none."""

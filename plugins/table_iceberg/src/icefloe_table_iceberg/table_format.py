@@ -106,10 +106,9 @@ def _connect(
     options: IcebergTableFormatOptions, data_dir: Path, store: ObjectStore
 ) -> IcebergTables:
     """Build the pyiceberg catalog (imports the SDK: called from ``open`` only)."""
-    from icefloe_table_iceberg.fileio import fileio_properties
     from icefloe_table_iceberg.tables import IcebergTables, merged
 
-    io = fileio_properties(store.engine_options())
+    io = store.iceberg_properties()
     if options.catalog == "rest":
         from pyiceberg.catalog.rest import RestCatalog
 
