@@ -15,6 +15,7 @@ from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TableFormat, TableSpec
 from icefloe.testing.table_contract import TableFormatContract
 from tests.support.iceberg_rest import iceberg_rest
+from tests.support.postgres import postgres
 
 
 def pyiceberg_table(table_format: TableFormat, spec: TableSpec) -> Any:
@@ -102,3 +103,49 @@ class TestIcebergTableFormatOnRest(TableFormatContract):
 
         with pytest.raises(ValidationError, match="uri"):
             IcebergTableFormatOptions.model_validate({"catalog": "rest"})
+
+
+class TestIcebergTableFormatOnPostgres(TableFormatContract):
+    """The same contract with the SQL catalog on PostgreSQL instead of SQLite."""
+
+    backend_name = "iceberg"
+
+    def backend_options(self, workdir: Path, unique: str) -> dict[str, Any]:
+        return {"uri": postgres().sqlalchemy_url, "name": f"icefloe_{unique}"}
+
+    async def read_rows(self, table_format: TableFormat, spec: TableSpec) -> pa.Table:
+        return pyiceberg_table(table_format, spec).scan().to_arrow()
+
+    @pytest.mark.asyncio
+    async def test_catalog_rows_live_in_postgres(
+        self, table_format: TableFormat, table: TableSpec, options: dict[str, Any]
+    ) -> None:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(postgres().sqlalchemy_url)
+        try:
+            with engine.connect() as connection:
+                found = connection.execute(
+                    sqlalchemy.text(
+                        "SELECT table_namespace, table_name FROM iceberg_tables "
+                        "WHERE catalog_name = :name"
+                    ),
+                    {"name": options["name"]},
+                ).all()
+        finally:
+            engine.dispose()
+        assert [tuple(row) for row in found] == [(table.namespace, table.name)]
+
+    @pytest.mark.asyncio
+    async def test_a_missing_driver_is_named_with_the_install_hint(
+        self, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import sys
+
+        from icefloe.errors import ConfigError
+
+        monkeypatch.setitem(sys.modules, "psycopg2", None)  # import psycopg2 now fails
+        with pytest.raises(ConfigError, match=r"icefloe-table-iceberg\[postgres\]"):
+            await self.open_table_format(
+                tmp_path, {"uri": postgres().sqlalchemy_url, "name": "missing_driver"}, store
+            )

@@ -129,7 +129,15 @@ def _connect(
         "warehouse": options.warehouse or store.url(WAREHOUSE_KEY),
     }
     properties = merged(io, sql, options.properties)
-    return IcebergTables(_sql_catalog(SqlCatalog, options.name, properties))
+    try:
+        return IcebergTables(_sql_catalog(SqlCatalog, options.name, properties))
+    except ModuleNotFoundError as exc:
+        # SQLAlchemy imports the database's driver only when the engine is made.
+        extra = "[postgres]" if sql["uri"].startswith("postgresql") else ""
+        raise ConfigError(
+            f"[table.iceberg] uri needs the database driver {exc.name!r}: "
+            f"pip install 'icefloe-table-iceberg{extra}'" + ("" if extra else f" {exc.name}")
+        ) from exc
 
 
 def _sql_catalog(factory: Any, name: str, properties: dict[str, str]) -> Any:
