@@ -85,7 +85,7 @@ def _shared_server(name: str, start: Any) -> MetadataServer:
     ):
         workdir = Path(tempfile.mkdtemp(prefix=f"icefloe-{name}-"))
         server = _shared[name] = start(workdir)
-        atexit.register(server.process.stop)
+        atexit.register(server.process.discard)
     return server
 
 

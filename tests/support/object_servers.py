@@ -66,7 +66,7 @@ def _start(name: str, argv: list[str], port: int, ready_url: str, workdir: Path)
         timeout=60.0,
     )
     process.start()
-    atexit.register(process.stop)
+    atexit.register(process.discard)
     return Emulator(name, port, process)
 
 
@@ -109,7 +109,7 @@ def minio() -> Emulator:
         },
     )
     process.start()
-    atexit.register(process.stop)
+    atexit.register(process.discard)
     emulator = Emulator("minio", port, process)
     s3_client(emulator.url, MINIO_CREDENTIALS).create_bucket(Bucket=BUCKET)
     return emulator

@@ -69,5 +69,5 @@ def postgres() -> Postgres:
         timeout=60.0,
     )
     process.start()
-    atexit.register(process.stop)
+    atexit.register(process.discard)
     return Postgres(port, process)

@@ -107,6 +107,12 @@ class ServerProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
 
+    def discard(self) -> None:
+        """Stop, then delete the server's folder (data and log): for servers that live as long
+        as the test process, whose folders would otherwise pile up run after run."""
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
     def tail(self, lines: int = 20) -> str:
         try:
             return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -196,7 +196,7 @@ class AzureObjectStore(ObjectStore):
         found = await self._sdk.call(f"head {key!r}", self._properties, self._name(key))
         return None if found is None else (found.metadata or {})
 
-    # --- blocking SDK calls, run on the pool --------------------------------------------------
+    # --- how table engines reach the store ---------------------------------------------------
 
     def _url(self, key: str) -> str:
         return f"abfs://{self._container_name}/{self._name(key)}".rstrip("/")
@@ -206,6 +206,8 @@ class AzureObjectStore(ObjectStore):
 
     def iceberg_properties(self) -> dict[str, str]:
         return self._access.iceberg_properties()
+
+    # --- blocking SDK calls, run on the pool --------------------------------------------------
 
     def _name(self, key: str) -> str:
         return self._folder + key

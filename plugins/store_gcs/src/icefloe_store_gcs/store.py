@@ -215,7 +215,7 @@ class GCSObjectStore(ObjectStore):
         blob = await self._sdk.call(f"head {key!r}", self._get_blob, self._name(key))
         return None if blob is None else (blob.metadata or {})
 
-    # --- blocking SDK calls, run on the pool --------------------------------------------------
+    # --- how table engines reach the store ---------------------------------------------------
 
     def _url(self, key: str) -> str:
         return f"gs://{self._bucket_name}/{self._name(key)}".rstrip("/")
@@ -225,6 +225,8 @@ class GCSObjectStore(ObjectStore):
 
     def iceberg_properties(self) -> dict[str, str]:
         return self._access.iceberg_properties()
+
+    # --- blocking SDK calls, run on the pool --------------------------------------------------
 
     def _name(self, key: str) -> str:
         return self._folder + key

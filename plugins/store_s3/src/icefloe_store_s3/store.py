@@ -59,19 +59,17 @@ class S3ObjectStore(ObjectStore):
     capabilities = frozenset({ObjectStore.SHARED})
     options_model = S3ObjectStoreOptions
 
-    def __init__(
-        self, client: Any, options: S3ObjectStoreOptions, access: S3Access | None = None
-    ) -> None:
+    def __init__(self, client: Any, options: S3ObjectStoreOptions, access: S3Access) -> None:
         """Wrap a boto3 S3 client; :meth:`open` is the usual way in.
 
         Args:
             client: A boto3 S3 client (thread-safe), owned by this store from now on.
             options: The validated options.
-            access: How table engines reach the bucket (default: with their own settings).
+            access: How table engines reach the bucket (what the client resolved).
         """
         super().__init__()
         self._client = client
-        self._access = access or S3Access(endpoint=options.endpoint_url, region=options.region)
+        self._access = access
         self._bucket = options.bucket
         self._folder = f"{options.prefix}/" if options.prefix else ""
         self._part_size = options.part_size
@@ -224,6 +222,13 @@ class S3ObjectStore(ObjectStore):
             f"S3 put {key!r}: concurrent conditional writes kept conflicting; try again later"
         )
 
+    async def _metadata_at(self, key: str) -> Mapping[str, str] | None:
+        """The user metadata of the object at ``key``, or ``None`` if there is none."""
+        found = await self._sdk.call(f"head {key!r}", self._head_object, self._name(key))
+        return None if found is None else found.get("Metadata", {})
+
+    # --- how table engines reach the store ---------------------------------------------------
+
     def _url(self, key: str) -> str:
         return f"s3://{self._bucket}/{self._name(key)}".rstrip("/")
 
@@ -232,11 +237,6 @@ class S3ObjectStore(ObjectStore):
 
     def iceberg_properties(self) -> dict[str, str]:
         return self._access.iceberg_properties()
-
-    async def _metadata_at(self, key: str) -> Mapping[str, str] | None:
-        """The user metadata of the object at ``key``, or ``None`` if there is none."""
-        found = await self._sdk.call(f"head {key!r}", self._head_object, self._name(key))
-        return None if found is None else found.get("Metadata", {})
 
     # --- blocking SDK calls, run on the pool --------------------------------------------------
 
