@@ -88,7 +88,9 @@ def start_icefloe(
         try:
             return _start_once(data_dir, brokers, env, timeout)
         except RuntimeError as exc:
-            if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+            # serve words it "port N on HOST is already in use"; a raw bind error, "address
+            # already in use".
+            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
                 raise
         attempt += 1
 
