@@ -195,28 +195,26 @@ def azure_container(url: str) -> Any:
 # --- plugin options that reach each emulator ------------------------------------------
 
 
-def s3_options(prefix: str, **extra: Any) -> dict[str, Any]:
+def _s3_server_options(
+    server: Emulator, credentials: dict[str, str], prefix: str, extra: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "bucket": BUCKET,
         "prefix": prefix,
-        "endpoint_url": moto().url,
+        "endpoint_url": server.url,
         "region": "us-east-1",
         "addressing_style": "path",
-        **MOTO_CREDENTIALS,
+        **credentials,
         **extra,
     }
+
+
+def s3_options(prefix: str, **extra: Any) -> dict[str, Any]:
+    return _s3_server_options(moto(), MOTO_CREDENTIALS, prefix, extra)
 
 
 def minio_options(prefix: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "bucket": BUCKET,
-        "prefix": prefix,
-        "endpoint_url": minio().url,
-        "region": "us-east-1",
-        "addressing_style": "path",
-        **MINIO_CREDENTIALS,
-        **extra,
-    }
+    return _s3_server_options(minio(), MINIO_CREDENTIALS, prefix, extra)
 
 
 def gcs_options(prefix: str, **extra: Any) -> dict[str, Any]:
