@@ -28,7 +28,10 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def compact_and_crash(config: Config, crash_at: str) -> None:
+def compact_and_crash(config: Config, crash_at: str, work: str = "compact") -> None:
+    """Run ``work`` (``compact``: compaction until idle; ``rewrite``: table maintenance's
+    rewrites until none is due) and SIGKILL this process at ``crash_at``."""
+
     async def main() -> None:
         storage = await StreamStorage.open(config)
         topics = TopicRegistry(storage)
@@ -63,7 +66,11 @@ def compact_and_crash(config: Config, crash_at: str) -> None:
                 return await delete(key, **kwargs)
 
             storage.metadata.delete = delete_or_die  # type: ignore[method-assign]
-        await compactor.until_idle()
+        if work == "rewrite":
+            while await compactor.rewrite_once() is not None:
+                pass
+        else:
+            await compactor.until_idle()
         raise SystemExit(f"the compactor did not reach {crash_at!r}")
 
     asyncio.run(main())

@@ -152,7 +152,16 @@ KEYSPACE: Final = (
         COMPACTION,
         "compaction/tasks/<created ms, 15 digits>-<task id>",
         "icefloe.compaction.committer",
-        "msgpack saga record of one compaction task (planned, written, committed)",
+        "msgpack saga record of one compaction, rewrite or expiry task (planned, written, "
+        "committed)",
+    ),
+    Prefix(
+        "COMPACTION",
+        COMPACTION,
+        "compaction/retired/<created ms, 15 digits>-<task id>",
+        "icefloe.compaction.committer",
+        "msgpack [delete after ms, object keys]: data files a task took out of the tables and "
+        "the index, deleted once the grace period is over",
     ),
 )
 """Every key family, in the order ``docs/design.md`` shows them."""

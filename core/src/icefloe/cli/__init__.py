@@ -8,7 +8,7 @@ import click
 
 from icefloe.cli.commands import config_group, contract_test, plugins, serve
 from icefloe.cli.groups import groups
-from icefloe.cli.tables import compact, tables
+from icefloe.cli.tables import compact, maintain, tables
 from icefloe.cli.topics import topics
 from icefloe.errors import IcefloeError
 
@@ -33,6 +33,7 @@ cli.add_command(config_group)
 cli.add_command(contract_test)
 cli.add_command(serve)
 cli.add_command(compact)
+cli.add_command(maintain)
 cli.add_command(tables)
 cli.add_command(topics)
 cli.add_command(groups)

@@ -1,4 +1,5 @@
-"""``icefloe compact`` and ``icefloe tables``: compaction by hand, and where the tables are."""
+"""``icefloe compact``, ``icefloe maintain`` and ``icefloe tables``: compaction and table
+maintenance by hand, and where the tables are."""
 
 from __future__ import annotations
 
@@ -54,27 +55,56 @@ def compact(ctx: click.Context, until_idle: bool) -> None:
     """
 
     async def body(compactor: Compactor) -> None:
-        metadata = compactor.storage.metadata
-        async with await metadata.open_session(10.0) as session:
-            try:
-                await metadata.put(
-                    LEADER_KEY, b"cli", expected_version=MUST_NOT_EXIST, session=session
-                )
-            except AlreadyExistsError:
-                raise IcefloeError(
-                    "a running broker leads compaction; stop `icefloe serve` first, or let it "
-                    "compact (it runs every [compactor] interval_s)"
-                ) from None
+        async with _leading(compactor):
             if not until_idle:
                 progress = await compactor.compact_once()
                 click.echo(_describe(progress) if progress else "nothing is due for compaction")
                 return
             waiting = sum([(await compactor.backlog(t))[1] for t in compactor.topics.cached()])
             with click.progressbar(length=max(waiting, 1), label="compacting") as bar:
-                tasks = await compactor.until_idle(lambda p: bar.update(p.wal_bytes))
+                tasks = await compactor.until_idle(lambda p: bar.update(p.source_bytes))
             click.echo(f"{tasks} task{'s' if tasks != 1 else ''} done")
 
     _run(ctx, body)
+
+
+@click.command()
+@click.pass_context
+def maintain(ctx: click.Context) -> None:
+    """Maintain the tables now: merge small data files, delete unreferenced ones.
+
+    Runs what the background compactor does every [compactor] maintenance_interval_s, with
+    each topic's icefloe.table.* configs. Refuses to run while a broker leads compaction.
+    """
+
+    async def body(compactor: Compactor) -> None:
+        async with _leading(compactor):
+            rewrites = 0
+            while (progress := await compactor.rewrite_once()) is not None:
+                rewrites += 1
+                click.echo(
+                    f"merged {progress.records} records: {progress.source_bytes} bytes of small "
+                    f"files into one file of {progress.parquet_bytes} bytes"
+                )
+            deleted = await compactor.collect_garbage()
+            click.echo(f"{rewrites} rewrites, {len(deleted)} unreferenced files deleted")
+
+    _run(ctx, body)
+
+
+@asynccontextmanager
+async def _leading(compactor: Compactor) -> AsyncIterator[None]:
+    """Hold the compaction leadership for the block, or refuse if a broker holds it."""
+    metadata = compactor.storage.metadata
+    async with await metadata.open_session(10.0) as session:
+        try:
+            await metadata.put(LEADER_KEY, b"cli", expected_version=MUST_NOT_EXIST, session=session)
+        except AlreadyExistsError:
+            raise IcefloeError(
+                "a running broker leads compaction; stop `icefloe serve` first, or let it "
+                "compact (it runs every [compactor] interval_s)"
+            ) from None
+        yield
 
 
 @click.command()
@@ -133,5 +163,5 @@ def tables(ctx: click.Context, as_json: bool) -> None:
 def _describe(progress: Progress) -> str:
     return (
         f"compacted {progress.records} records of {progress.streams} streams: "
-        f"{progress.wal_bytes} WAL bytes into {progress.parquet_bytes} Parquet bytes"
+        f"{progress.source_bytes} WAL bytes into {progress.parquet_bytes} Parquet bytes"
     )

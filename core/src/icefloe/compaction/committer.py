@@ -7,13 +7,24 @@ compare-and-set; a crash anywhere leaves a record that the next leader finishes:
               contents, so running it again is harmless).
 ``written``   the files exist; the task holds one commit sequence per table, allocated before
               any commit, so that each format can tell a replay from a new commit.
-``committed`` every enabled format has the files (each format skips a sequence it already has).
-``swapped``   for each stream, the Parquet entry replaced the WAL entries in the index; the
-              record is deleted. The WAL objects, now unreferenced, are collected later.
+``committed`` every enabled format has the new files and no longer has the retired ones (each
+              format skips a sequence it already has).
+``swapped``   for each stream, the index changed to match; the record is deleted.
 
-The index swap keeps readers whole: the Parquet entry is written under the key of the *last*
-WAL entry it replaces (same end offset and cumulative size), then the other WAL entries are
+Three kinds of task share the saga (:class:`TaskKind`): *compact* turns WAL entries into one
+data file per stream; *rewrite* merges a stream's small data files into one (table
+maintenance); *expire* removes entries past retention from the index and, when the topic's
+``icefloe.table.retention`` is ``delete``, their files from the tables.
+
+The index swap keeps readers whole: the new Parquet entry is written under the key of the
+*last* entry it replaces (same end offset and cumulative size), then the other entries are
 deleted from the last to the first, so a look-up always finds an entry holding its offset.
+
+A data file that a rewrite or an expiry took out of the tables and the index is *retired*, not
+deleted: a reader may still hold its old index entry, and older table snapshots still
+reference it. The retirement record (``compaction/retired/…``) is written before the task
+record goes, and the file is deleted once the record's grace period is over. WAL objects no
+entry references any more are collected by :mod:`icefloe.storage.orphans`.
 """
 
 from __future__ import annotations
@@ -21,19 +32,25 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 import msgpack
 
-from icefloe.compaction.planner import Plan
+from icefloe.compaction.planner import Plan, TaskKind
 from icefloe.keyspace import COMPACTION, prefix_end
-from icefloe.ports.compaction import CompactionEngine, CompactionTask, StreamRange, WrittenFile
+from icefloe.ports.compaction import (
+    CompactionEngine,
+    CompactionTask,
+    Source,
+    StreamRange,
+    WrittenFile,
+)
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Record
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import DataFile, TableFormat, TableSpec
-from icefloe.storage import counters, keys
+from icefloe.storage import counters, index, keys
 from icefloe.storage.index import IndexEntry, ParquetLocation
 from icefloe.storage.offset_index import OffsetIndex
 from icefloe.tables import layout
@@ -41,6 +58,9 @@ from icefloe.tables import layout
 log = logging.getLogger(__name__)
 
 TASKS: Final = COMPACTION + "tasks/"
+RETIRED: Final = COMPACTION + "retired/"
+MIN_RETIRED_GRACE_MS: Final = 60_000
+"""A retired file outlives any fetch that found it in the index before the swap."""
 
 
 class SagaState(enum.StrEnum):
@@ -61,7 +81,10 @@ class TaskStream:
     partition: int
     stream_id: int
     replaced: list[str]
-    """Index keys of the WAL entries, in offset order; the last one's key is reused."""
+    """Index keys of the entries the task replaces (or removes), in offset order; a new
+    Parquet entry reuses the last one's key."""
+    retired: list[str] = field(default_factory=list)
+    """Object keys of the data files that leave the tables and the index."""
 
 
 @dataclass
@@ -74,6 +97,7 @@ class TaskRecord:
     files: list[WrittenFile] | None = None
     sequences: dict[str, int] | None = None
     created_ms: int = 0
+    kind: TaskKind = TaskKind.COMPACT
     version: int = MUST_NOT_EXIST
 
     @property
@@ -87,11 +111,14 @@ class TaskRecord:
                 [asdict(r) for r in self.task.ranges],
                 [list(p) for p in self.task.output_paths],
             ],
-            "streams": [[s.topic, s.partition, s.stream_id, s.replaced] for s in self.streams],
+            "streams": [
+                [s.topic, s.partition, s.stream_id, s.replaced, s.retired] for s in self.streams
+            ],
             "state": str(self.state),
             "files": [asdict(f) for f in self.files] if self.files is not None else None,
             "sequences": self.sequences,
             "created_ms": self.created_ms,
+            "kind": str(self.kind),
         }
         return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -101,7 +128,7 @@ class TaskRecord:
         task_id, ranges, outputs = p["task"]
         task = CompactionTask(
             task_id,
-            tuple(StreamRange(**r) for r in ranges),
+            tuple(_stream_range(r) for r in ranges),
             tuple((int(s), str(k)) for s, k in outputs),
         )
         files = None
@@ -112,13 +139,27 @@ class TaskRecord:
             ]
         return cls(
             task,
-            [TaskStream(t, pa, s, list(ks)) for t, pa, s, ks in p["streams"]],
+            [
+                TaskStream(t, pa, s, list(ks), *map(list, rest))
+                for t, pa, s, ks, *rest in p["streams"]
+            ],
             SagaState(p["state"]),
             files,
             p["sequences"],
             p["created_ms"],
+            TaskKind(p.get("kind", TaskKind.COMPACT)),
             record.version,
         )
+
+
+def _stream_range(fields: dict[str, Any]) -> StreamRange:
+    """A stored range; records written before Parquet sources existed name the ref
+    ``wal_ref``."""
+    fields = dict(fields)
+    if "wal_ref" in fields:
+        fields["ref"] = fields.pop("wal_ref")
+    fields["source"] = Source(fields.get("source", Source.WAL))
+    return StreamRange(**fields)
 
 
 class Committer:
@@ -133,8 +174,8 @@ class Committer:
         table_formats: Sequence[TableFormat],
         namespace: str,
         *,
-        expire_every: int = 20,
-        history_retention_s: float = 3600.0,
+        expire_every: int,
+        history_ms: Callable[[str], int],
     ) -> None:
         self._metadata = metadata
         self._offsets = offsets
@@ -143,7 +184,8 @@ class Committer:
         self._table_formats = list(table_formats)
         self._namespace = namespace
         self._expire_every = expire_every
-        self._history_ms = int(history_retention_s * 1000)
+        self._history_ms = history_ms
+        """How long a topic's table history (and its retired files) is kept."""
         self._ensured: set[tuple[int, str]] = set()
 
     async def unfinished(self) -> list[TaskRecord]:
@@ -156,10 +198,17 @@ class Committer:
         record = TaskRecord(
             plan.task,
             [
-                TaskStream(s.topic, s.partition, s.stream_id, [_entry_key(e) for e in s.entries])
+                TaskStream(
+                    s.topic,
+                    s.partition,
+                    s.stream_id,
+                    [_entry_key(e) for e in s.entries],
+                    _retired_files(plan.kind, s.entries),
+                )
                 for s in plan.streams
             ],
             created_ms=int(time.time() * 1000),
+            kind=plan.kind,
         )
         await self._save(record)
         return record
@@ -167,10 +216,13 @@ class Committer:
     async def finish(self, record: TaskRecord) -> TaskRecord:
         """Take a task from whatever state it is in to the end of the saga."""
         if record.state is SagaState.PLANNED:
-            record.files = await self._engine.run([record.task])
+            record.files = await self._engine.run([record.task]) if record.task.ranges else []
+            changed = {f.stream_id for f in record.files} | {
+                s.stream_id for s in record.streams if s.retired
+            }
             record.sequences = {
                 topic: await counters.increment(self._metadata, f"table-sequence/{topic}")
-                for topic in sorted({s.topic for s in record.streams})
+                for topic in sorted({s.topic for s in record.streams if s.stream_id in changed})
             }
             record.state = SagaState.WRITTEN
             await self._save(record)
@@ -180,41 +232,76 @@ class Committer:
             await self._save(record)
         if record.state is SagaState.COMMITTED:
             for stream in record.streams:
-                await self._swap(record, stream)
+                if record.kind is TaskKind.EXPIRE:
+                    await self._remove_entries(stream)
+                else:
+                    await self._swap(record, stream)
+            await self._retire(record)
             await self._metadata.delete(record.key)
             record.state = SagaState.SWAPPED
         return record
+
+    async def delete_retired(self, now_ms: int) -> list[str]:
+        """Delete the retired data files whose grace period is over; return their keys."""
+        deleted: list[str] = []
+        async for record in self._metadata.scan_all(RETIRED, prefix_end(RETIRED)):
+            delete_after_ms, files = msgpack.unpackb(record.value, raw=False)
+            if delete_after_ms > now_ms:
+                continue
+            for key in files:
+                await self._store.delete(key)
+            await self._metadata.delete(record.key)
+            deleted.extend(files)
+        return deleted
+
+    async def retired(self) -> set[str]:
+        """Object keys of retired data files not deleted yet."""
+        keys_: set[str] = set()
+        async for record in self._metadata.scan_all(RETIRED, prefix_end(RETIRED)):
+            keys_.update(msgpack.unpackb(record.value, raw=False)[1])
+        return keys_
 
     # --- steps ------------------------------------------------------------------------------
 
     async def _commit_tables(self, record: TaskRecord) -> None:
         assert record.files is not None
         assert record.sequences is not None
-        files_by_topic: dict[str, list[DataFile]] = {}
-        topic_of = {s.stream_id: s.topic for s in record.streams}
-        partition_of = {s.stream_id: s.partition for s in record.streams}
+        added: dict[str, list[DataFile]] = {topic: [] for topic in record.sequences}
+        removed: dict[str, list[str]] = {topic: [] for topic in record.sequences}
+        stream_of = {s.stream_id: s for s in record.streams}
         now_ms = int(time.time() * 1000)
         for f in record.files:
-            topic = topic_of[f.stream_id]
-            files_by_topic.setdefault(topic, []).append(
+            stream = stream_of[f.stream_id]
+            added[stream.topic].append(
                 DataFile(
-                    layout.relative_path(self._namespace, topic, f.path),
+                    layout.relative_path(self._namespace, stream.topic, f.path),
                     f.size,
                     f.record_count,
-                    partition_of[f.stream_id],
+                    stream.partition,
                     now_ms,
                 )
             )
+        for stream in record.streams:
+            if stream.topic in removed:
+                removed[stream.topic].extend(
+                    layout.relative_path(self._namespace, stream.topic, key)
+                    for key in stream.retired
+                )
         for table_format in self._table_formats:
-            for topic, files in sorted(files_by_topic.items()):
+            for topic, sequence in sorted(record.sequences.items()):
                 spec = self.table_spec(topic)
                 if (id(table_format), topic) not in self._ensured:
                     await table_format.ensure_table(spec)
                     self._ensured.add((id(table_format), topic))
-                sequence = record.sequences[topic]
-                await table_format.commit(spec, sequence, files)
+                gone = removed[topic]
+                if gone and sequence > await table_format.last_commit(spec):
+                    # A file the table never had (tables enabled after it was written) is
+                    # not the table's to remove; every format refuses such a commit.
+                    live = {f.path for f in await table_format.files(spec)}
+                    gone = [path for path in gone if path in live]
+                await table_format.commit(spec, sequence, added[topic], gone)
                 if sequence % self._expire_every == 0:
-                    await table_format.expire(spec, now_ms - self._history_ms)
+                    await table_format.expire(spec, now_ms - self._history_ms(topic))
 
     async def _swap(self, record: TaskRecord, stream: TaskStream) -> None:
         assert record.files is not None
@@ -231,6 +318,34 @@ class Committer:
                 "stream %d changed under compaction (topic deleted?); skipping", stream.stream_id
             )
 
+    async def _remove_entries(self, stream: TaskStream) -> None:
+        """The expiry's index step: the entries still there leave the front of the stream."""
+        entries = []
+        for key in stream.replaced:
+            current = await self._metadata.get(key)
+            if current is not None:
+                entries.append(index.decode(current.key, current.value))
+        await self._offsets.expire(stream.stream_id, entries)
+
+    async def _retire(self, record: TaskRecord) -> None:
+        """Record the task's retired files for deletion after the longest grace period of
+        their topics (idempotent: a replay rewrites the same record)."""
+        files: list[str] = []
+        for stream in record.streams:
+            if stream.retired:
+                # Defence in depth: a file the index still references is never deleted.
+                still = {
+                    e.location.key
+                    async for e in self._offsets.entries(stream.stream_id)
+                    if isinstance(e.location, ParquetLocation)
+                }
+                files.extend(key for key in stream.retired if key not in still)
+        if not files:
+            return
+        grace_ms = max(max(self._history_ms(s.topic), MIN_RETIRED_GRACE_MS) for s in record.streams)
+        value = msgpack.packb([int(time.time() * 1000) + grace_ms, files], use_bin_type=True)
+        await self._metadata.put(RETIRED + record.key.removeprefix(TASKS), value)
+
     async def _save(self, record: TaskRecord) -> None:
         written = await self._metadata.put(
             record.key, record.encode(), expected_version=record.version
@@ -240,6 +355,13 @@ class Committer:
     def table_spec(self, topic: str) -> TableSpec:
         """The table of ``topic`` in this cluster's object store."""
         return layout.table_spec(self._store, self._namespace, topic)
+
+
+def _retired_files(kind: TaskKind, entries: Sequence[IndexEntry]) -> list[str]:
+    """The data files a task of ``kind`` over ``entries`` takes out of the tables."""
+    if kind is TaskKind.COMPACT:
+        return []
+    return [e.location.key for e in entries if isinstance(e.location, ParquetLocation)]
 
 
 def _entry_key(entry: IndexEntry) -> str:
@@ -252,6 +374,7 @@ def describe(record: TaskRecord) -> dict[str, Any]:
         "task": record.task.task_id,
         "state": record.state,
         "streams": len(record.streams),
-        "wal_objects": len(record.task.refs()),
+        "kind": record.kind,
+        "sources": len(record.task.refs()),
         "files": len(record.files or ()),
     }

@@ -9,6 +9,7 @@ chosen streams share is read once.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,10 +41,23 @@ class StreamPlan:
         return self.entries[-1].end
 
 
+class TaskKind(enum.StrEnum):
+    """What a task does to the streams it names."""
+
+    COMPACT = "compact"
+    """WAL entries become one data file per stream, added to the tables."""
+    REWRITE = "rewrite"
+    """Consecutive small data files of a stream become one (table maintenance); the tables
+    swap them for it."""
+    EXPIRE = "expire"
+    """Entries past retention leave the index, and their data files leave the tables."""
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     task: CompactionTask
     streams: tuple[StreamPlan, ...]
+    kind: TaskKind = TaskKind.COMPACT
 
 
 async def plan_task(

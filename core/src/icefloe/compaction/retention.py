@@ -9,13 +9,21 @@ stay for ``retention.ms`` after they were written, as they would in Kafka's acti
 The last entry always stays: it carries the log end offset, which must never go back. Kafka's
 defaults apply (7 days, no size limit, ``cleanup.policy=delete``); a compact-only topic keeps
 everything until log compaction exists. A WAL object no entry references any more is collected
-as an orphan; rows that reached the tables stay there (a table keeps its history unless the
-operator drops it).
+as an orphan.
+
+Rows that reached the tables stay there by default (``icefloe.table.retention=keep``). With
+``delete``, the expiry is a saga task instead (:class:`TaskKind.EXPIRE`): the expired entries'
+data files leave every table in one commit per format, then the entries leave the index, and
+the files are deleted after the topic's history period.
 """
 
 from __future__ import annotations
 
+import uuid
+
+from icefloe.compaction.planner import Plan, StreamPlan, TaskKind
 from icefloe.config.storage import StorageOptions
+from icefloe.ports.compaction import CompactionTask
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry
 from icefloe.topics.configs import effective_value, split_list
@@ -52,3 +60,16 @@ async def enforce(storage: StreamStorage, topic: Topic, now_ms: int) -> int:
         expired = expired_entries(entries, topic, now_ms, storage.options)
         removed += await storage.offset_index.expire(stream_id, expired)
     return removed
+
+
+async def plan_expiry(storage: StreamStorage, topic: Topic, now_ms: int) -> Plan | None:
+    """The topic's expired entries as one expiry task, or ``None`` when none expired."""
+    streams = []
+    for partition, stream_id in enumerate(topic.streams):
+        entries = await storage.index.scan(stream_id)
+        expired = expired_entries(entries, topic, now_ms, storage.options)
+        if expired:
+            streams.append(StreamPlan(topic.name, partition, stream_id, tuple(expired)))
+    if not streams:
+        return None
+    return Plan(CompactionTask(uuid.uuid4().hex, (), ()), tuple(streams), TaskKind.EXPIRE)

@@ -1,7 +1,8 @@
 """The compactor: one leader in the cluster plans tasks and runs them through the saga.
 
 Leadership is an ephemeral key held through a metadata-store session, so when the leader dies
-another broker takes over within the lease time and first finishes the tasks it left.
+another broker takes over within the lease time and first finishes the tasks it left. Besides
+compaction, the leader applies retention and maintains the tables (:mod:`.maintenance`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 from typing import Final, Self
 
 from icefloe import config as configuration
-from icefloe.compaction import retention
+from icefloe.compaction import maintenance, retention
 from icefloe.compaction.committer import Committer, TaskRecord
-from icefloe.compaction.planner import plan_task
+from icefloe.compaction.maintenance import TableSettings
+from icefloe.compaction.planner import Plan, plan_task
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION
@@ -39,7 +41,8 @@ class Progress:
 
     streams: int
     records: int
-    wal_bytes: int
+    source_bytes: int
+    """Bytes read: WAL chunks (compaction) or data files (rewrite)."""
     parquet_bytes: int
 
 
@@ -70,8 +73,9 @@ class Compactor:
             list(table_formats.values()),
             namespace,
             expire_every=options.expire_every_commits,
-            history_retention_s=options.history_retention_s,
+            history_ms=self._history_ms,
         )
+        self._next_maintenance = 0.0
 
     @classmethod
     async def open(
@@ -128,16 +132,54 @@ class Compactor:
         )
         if plan is None:
             return None
-        record = await self.committer.finish(await self.committer.start(plan))
-        return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
+        return await self._run(plan)
+
+    async def rewrite_once(self) -> Progress | None:
+        """Merge one run of small data files, if a topic has one."""
+        plan = await maintenance.plan_rewrite(
+            self.storage.index, self.topics.cached(), self._options, self._namespace
+        )
+        if plan is None:
+            return None
+        return await self._run(plan)
 
     async def enforce_retention(self) -> int:
         """Apply ``retention.ms``/``retention.bytes`` to every topic; entries removed."""
         now_ms = int(time.time() * 1000)
         removed = 0
         for topic in self.topics.cached():
-            removed += await retention.enforce(self.storage, topic, now_ms)
+            if not TableSettings.of(topic, self._options).delete_with_retention:
+                removed += await retention.enforce(self.storage, topic, now_ms)
+            elif plan := await retention.plan_expiry(self.storage, topic, now_ms):
+                await self._run(plan)
+                removed += sum(len(s.entries) for s in plan.streams)
         return removed
+
+    async def collect_garbage(self) -> list[str]:
+        """Delete retired data files past their grace period, and every topic's orphans;
+        return the deleted keys."""
+        now = time.time()
+        deleted = await self.committer.delete_retired(int(now * 1000))
+        for topic in self.topics.cached():
+            age_ms = TableSettings.of(topic, self._options).orphan_age_ms
+            if age_ms < 0:
+                continue
+            deleted += await maintenance.sweep_orphans(
+                topic,
+                index=self.storage.index,
+                store=self.storage.object_store,
+                committer=self.committer,
+                table_formats=self.table_formats,
+                namespace=self._namespace,
+                older_than_s=now - age_ms / 1000,
+            )
+        return deleted
+
+    async def maintain(self) -> None:
+        """Rewrite small files until none are left, then collect garbage."""
+        while await self.rewrite_once() is not None:
+            pass
+        await self.collect_garbage()
 
     async def until_idle(self, report: Callable[[Progress], None] | None = None) -> int:
         """Compact everything now (ignoring ages and sizes); return the number of tasks."""
@@ -167,19 +209,34 @@ class Compactor:
                     try:
                         await self.compact_once()
                         await self.enforce_retention()
+                        if time.monotonic() >= self._next_maintenance:
+                            self._next_maintenance = (
+                                time.monotonic() + self._options.maintenance_interval_s
+                            )
+                            await self.maintain()
                     except IcefloeError:
                         log.warning("compaction failed; will retry", exc_info=True)
                     await _sleep_until(stop, self._options.interval_s)
             finally:
                 await session.close()
 
+    async def _run(self, plan: Plan) -> Progress:
+        record = await self.committer.finish(await self.committer.start(plan))
+        return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
 
-def _progress(record: TaskRecord, wal_bytes: int) -> Progress:
+    def _history_ms(self, topic_name: str) -> int:
+        topic = self.topics.get_cached(topic_name)
+        if topic is None:
+            return int(self._options.history_retention_s * 1000)
+        return TableSettings.of(topic, self._options).history_ms
+
+
+def _progress(record: TaskRecord, source_bytes: int) -> Progress:
     files = record.files or []
     return Progress(
         streams=len(record.streams),
         records=sum(f.record_count for f in files),
-        wal_bytes=wal_bytes,
+        source_bytes=source_bytes,
         parquet_bytes=sum(f.size for f in files),
     )
 

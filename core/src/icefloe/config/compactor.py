@@ -24,7 +24,22 @@ class CompactorOptions(BaseModel):
     max_task_bytes: int = Field(default=256 << 20, gt=0)
     """WAL bytes one task reads at most (bounds a worker's memory)."""
     history_retention_s: float = Field(default=3600.0, gt=0)
-    """Table snapshots/versions older than this are expired, so commit cost stays flat."""
+    """Table snapshots/versions older than this are expired, so commit cost stays flat, and
+    data files taken out of the tables are deleted this long after (topic config
+    ``icefloe.table.history.ms``)."""
     expire_every_commits: int = Field(default=20, ge=1)
+    rewrite_target_bytes: int = Field(default=128 << 20, ge=0)
+    """Table maintenance merges a partition's consecutive small data files (each under three
+    quarters of this) into files of up to this size; 0 switches it off (topic config
+    ``icefloe.table.rewrite.target.bytes``)."""
+    rewrite_min_files: int = Field(default=8, ge=2)
+    """How many consecutive small files make a rewrite worth it (topic config
+    ``icefloe.table.rewrite.min.files``)."""
+    maintenance_interval_s: float = Field(default=60.0, gt=0)
+    """How often the compaction leader looks for small files to merge and files to delete."""
+    orphan_age_s: float = Field(default=3 * 24 * 3600.0, ge=-1)
+    """Files under a table's root that nothing references (no index entry, no table, no
+    unfinished task) are deleted once this old; -1 keeps them (topic config
+    ``icefloe.table.orphan.age.ms``)."""
     lease_ttl_s: float = Field(default=10.0, gt=0)
     """The compaction leader's lease; a dead leader is replaced after about this long."""

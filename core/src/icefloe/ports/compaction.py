@@ -3,16 +3,19 @@
 Contract (executable form: ``icefloe.testing.compaction_contract``):
 
 - ``run(tasks)`` executes every task and returns, per task, the files it wrote. A task names
-  WAL objects and, for each, the stream ranges to extract; the engine reads each WAL object
-  once and writes one Parquet file per stream range through the ObjectStore port, at the path
-  the task gives. Running a task twice writes the same file contents to the same paths
-  (tasks are deterministic), so a retried or speculative execution is harmless.
+  source objects and, for each, the stream ranges to extract; the engine reads each source
+  once and writes one Parquet file per stream through the ObjectStore port, at the path the
+  task gives. A source is a chunk of a WAL object (compaction) or a whole Parquet data file
+  (table maintenance merging small files); one stream's ranges all come from one kind.
+  Running a task twice writes the same file contents to the same paths (tasks are
+  deterministic), so a retried or speculative execution is harmless.
 - The engine holds no state between calls; a failed task raises and writes no index entry.
 """
 
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -20,17 +23,27 @@ from typing import ClassVar
 from icefloe.ports.base import Port, PortKind
 
 
+class Source(enum.StrEnum):
+    """What a stream range is read from."""
+
+    WAL = "wal"
+    """A chunk ``[byte_start, byte_end)`` of the WAL object ``ref``."""
+    PARQUET = "parquet"
+    """The whole Parquet data file at object-store key ``ref`` (byte range ignored)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StreamRange:
-    """Records ``[start_offset, end_offset)`` of one stream: one chunk of one WAL object."""
+    """Records ``[start_offset, end_offset)`` of one stream, and where they are read from."""
 
     stream_id: int
     partition: int
     start_offset: int
     end_offset: int
-    wal_ref: str
+    ref: str
     byte_start: int
     byte_end: int
+    source: Source = Source.WAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +56,9 @@ class CompactionTask:
     """``(stream_id, object key)`` of the Parquet file to write for each stream."""
 
     def refs(self) -> list[str]:
-        """The WAL objects the task reads, each once, in first-use order."""
-        return list(dict.fromkeys(r.wal_ref for r in self.ranges))
+        """The sources the task reads (WAL objects or data files), each once, in first-use
+        order."""
+        return list(dict.fromkeys(r.ref for r in self.ranges))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ object is deleted only when no entry references it (invariant 6).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 from icefloe.errors import ConflictError
@@ -139,6 +139,10 @@ class OffsetIndex:
             self._reader.forget(entry)
             removed += 1
         return removed
+
+    def entries(self, stream_id: int) -> AsyncIterator[IndexEntry]:
+        """The stream's entries as stored now, in offset order (read from the store)."""
+        return self._reader.entries(stream_id)
 
     async def drop(self, stream_id: int) -> None:
         """Remove every entry of the stream."""

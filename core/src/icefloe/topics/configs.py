@@ -28,6 +28,13 @@ from icefloe.topics.registry import TopicError
 MAX_AGE_CONFIG: Final = "icefloe.compaction.max.age.ms"
 MIN_BYTES_CONFIG: Final = "icefloe.compaction.min.bytes"
 """Topic configs that override ``[compactor] max_age_s`` and ``min_bytes`` for one topic."""
+REWRITE_TARGET_CONFIG: Final = "icefloe.table.rewrite.target.bytes"
+REWRITE_MIN_FILES_CONFIG: Final = "icefloe.table.rewrite.min.files"
+HISTORY_CONFIG: Final = "icefloe.table.history.ms"
+ORPHAN_AGE_CONFIG: Final = "icefloe.table.orphan.age.ms"
+"""Topic configs of table maintenance (defaults in ``[compactor]``)."""
+TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
+"""``keep`` (rows stay in the tables after retention) or ``delete`` (they leave them too)."""
 
 _INT_RANGE: Final = (-(2**31), 2**31 - 1)
 _LONG_RANGE: Final = (-(2**63), 2**63 - 1)
@@ -210,15 +217,16 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 _Number(ConfigType.LONG, -1),
                 str(7 * 24 * 3600 * 1000),
                 "How long records stay readable by Kafka consumers, in milliseconds; -1 keeps "
-                "them forever. Rows already in the topic's tables stay there.",
+                "them forever. Rows in the topic's tables stay there unless "
+                "icefloe.table.retention is delete.",
             ),
             ConfigKey(
                 "retention.bytes",
                 _Number(ConfigType.LONG, _LONG_RANGE[0]),
                 "-1",
                 "Largest size a partition may grow to before its oldest records stop being "
-                "readable by Kafka consumers; -1 means no limit. Rows already in the topic's "
-                "tables stay there.",
+                "readable by Kafka consumers; -1 means no limit. Rows in the topic's tables stay "
+                "there unless icefloe.table.retention is delete.",
             ),
             ConfigKey(
                 "cleanup.policy",
@@ -276,6 +284,47 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 str(CompactorOptions.model_fields["min_bytes"].default),
                 "Compact this topic's stream into its tables once this many bytes wait in the "
                 "write-ahead log (the broker-wide default is [compactor] min_bytes).",
+            ),
+            ConfigKey(
+                REWRITE_TARGET_CONFIG,
+                _Number(ConfigType.LONG, 0),
+                str(CompactorOptions.model_fields["rewrite_target_bytes"].default),
+                "Table maintenance merges this topic's consecutive small data files (each under "
+                "three quarters of this size) into files of up to this size, in the tables and "
+                "for Kafka reads alike; 0 switches it off (broker-wide: [compactor] "
+                "rewrite_target_bytes).",
+            ),
+            ConfigKey(
+                REWRITE_MIN_FILES_CONFIG,
+                _Number(ConfigType.INT, 2),
+                str(CompactorOptions.model_fields["rewrite_min_files"].default),
+                "How many consecutive small data files of a partition make a rewrite worth it "
+                "(broker-wide: [compactor] rewrite_min_files).",
+            ),
+            ConfigKey(
+                HISTORY_CONFIG,
+                _Number(ConfigType.LONG, 0),
+                str(int(CompactorOptions.model_fields["history_retention_s"].default * 1000)),
+                "How long the topic's table snapshots (Iceberg) and versions (Delta) are kept "
+                "for time travel, in milliseconds; data files the tables no longer use are "
+                "deleted this long after (broker-wide: [compactor] history_retention_s).",
+            ),
+            ConfigKey(
+                ORPHAN_AGE_CONFIG,
+                _Number(ConfigType.LONG, -1),
+                str(int(CompactorOptions.model_fields["orphan_age_s"].default * 1000)),
+                "Files under the topic's table root that no index entry, table or unfinished "
+                "task references are deleted once this old, in milliseconds; -1 keeps them "
+                "(broker-wide: [compactor] orphan_age_s).",
+            ),
+            ConfigKey(
+                TABLE_RETENTION_CONFIG,
+                _OneOf(("keep", "delete")),
+                "keep",
+                "keep: rows stay in the topic's tables after retention.ms or retention.bytes "
+                "removes them from the stream; delete: the data files retention removes from "
+                "the stream leave the tables too (a whole file at a time, once its newest "
+                "record is past retention).",
             ),
             ConfigKey(
                 "min.insync.replicas",

@@ -128,6 +128,10 @@ class TopicRegistry:
         """Every topic this broker knows of, by name."""
         return sorted(self._topics.values(), key=lambda t: t.name)
 
+    def get_cached(self, name: str) -> Topic | None:
+        """The topic ``name`` if this broker knows of it."""
+        return self._topics.get(name)
+
     async def get(self, name: str) -> Topic | None:
         """The topic ``name``, checking the store when the cache does not have it."""
         topic = self._topics.get(name)

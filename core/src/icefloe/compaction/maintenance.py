@@ -1,0 +1,177 @@
+"""Table maintenance: merging small data files, and deleting files nothing references.
+
+Compaction writes one data file per partition per task, so a quiet topic compacted every
+``max_age_s`` accumulates many small files, which slow every table scan and every catch-up
+read. A *rewrite* task merges a run of a partition's consecutive small files into one; it goes
+through the same saga as compaction (:mod:`icefloe.compaction.committer`), so the tables and
+the offset index switch to the new file together and Kafka consumers read the same records.
+
+An *orphan* is a file under a table's root that no index entry, no table format, no retired
+list and no unfinished task references (a crash of an older version, a table format switched
+off while retention ran). Orphans older than the topic's ``icefloe.table.orphan.age.ms`` are
+deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Self
+
+from icefloe.compaction.committer import Committer
+from icefloe.compaction.planner import Plan, StreamPlan, TaskKind
+from icefloe.config.compactor import CompactorOptions
+from icefloe.errors import NotFoundError
+from icefloe.ports.compaction import CompactionTask, Source, StreamRange
+from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import TableFormat
+from icefloe.storage.index import IndexEntry, ParquetLocation
+from icefloe.storage.index_reader import IndexReader
+from icefloe.tables import layout
+from icefloe.topics.configs import (
+    HISTORY_CONFIG,
+    ORPHAN_AGE_CONFIG,
+    REWRITE_MIN_FILES_CONFIG,
+    REWRITE_TARGET_CONFIG,
+    TABLE_RETENTION_CONFIG,
+)
+from icefloe.topics.registry import Topic
+
+log = logging.getLogger(__name__)
+
+SMALL_FRACTION: Final = 0.75
+"""A data file under this fraction of the target size is small."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableSettings:
+    """A topic's table maintenance settings: its topic configs, else ``[compactor]``."""
+
+    rewrite_target_bytes: int
+    rewrite_min_files: int
+    history_ms: int
+    orphan_age_ms: int
+    delete_with_retention: bool
+
+    @classmethod
+    def of(cls, topic: Topic, options: CompactorOptions) -> Self:
+        configs = topic.configs
+        return cls(
+            rewrite_target_bytes=int(
+                configs.get(REWRITE_TARGET_CONFIG, options.rewrite_target_bytes)
+            ),
+            rewrite_min_files=int(configs.get(REWRITE_MIN_FILES_CONFIG, options.rewrite_min_files)),
+            history_ms=int(configs.get(HISTORY_CONFIG, options.history_retention_s * 1000)),
+            orphan_age_ms=int(configs.get(ORPHAN_AGE_CONFIG, options.orphan_age_s * 1000)),
+            delete_with_retention=configs.get(TABLE_RETENTION_CONFIG) == "delete",
+        )
+
+
+async def plan_rewrite(
+    index: IndexReader, topics: Sequence[Topic], options: CompactorOptions, namespace: str
+) -> Plan | None:
+    """The next rewrite: the first partition with enough consecutive small files."""
+    for topic in topics:
+        settings = TableSettings.of(topic, options)
+        target = min(settings.rewrite_target_bytes, options.max_task_bytes)
+        if target <= 0:
+            continue
+        for partition, stream_id in enumerate(topic.streams):
+            run = await small_run(index.entries(stream_id), target, settings.rewrite_min_files)
+            if run:
+                return _rewrite_plan(StreamPlan(topic.name, partition, stream_id, run), namespace)
+    return None
+
+
+async def small_run(
+    entries: AsyncIterable[IndexEntry], target_bytes: int, min_files: int
+) -> tuple[IndexEntry, ...]:
+    """The first run of at least ``min_files`` consecutive small data files among a stream's
+    ``entries`` (in offset order), cut to at most ``target_bytes`` in all; empty when there is
+    none. Reads no further than the end of that run."""
+    run: list[IndexEntry] = []
+    size = 0
+    async for entry in entries:
+        small = not entry.in_wal and entry.size < target_bytes * SMALL_FRACTION
+        joins = small and bool(run) and entry.start == run[-1].end
+        if joins and size + entry.size <= target_bytes:
+            run.append(entry)
+            size += entry.size
+            continue
+        if len(run) >= min_files:
+            return tuple(run)
+        run, size = ([entry], entry.size) if small else ([], 0)
+    return tuple(run) if len(run) >= min_files else ()
+
+
+def _rewrite_plan(stream: StreamPlan, namespace: str) -> Plan:
+    ranges = []
+    for entry in stream.entries:
+        location = entry.location
+        assert isinstance(location, ParquetLocation)
+        ranges.append(
+            StreamRange(
+                stream.stream_id,
+                stream.partition,
+                entry.start,
+                entry.end,
+                location.key,
+                0,
+                location.size,
+                Source.PARQUET,
+            )
+        )
+    name = f"{stream.start:020d}-{stream.end:020d}.parquet"
+    output = layout.data_file(namespace, stream.topic, stream.partition, name)
+    task = CompactionTask(uuid.uuid4().hex, tuple(ranges), ((stream.stream_id, output),))
+    return Plan(task, (stream,), TaskKind.REWRITE)
+
+
+async def sweep_orphans(
+    topic: Topic,
+    *,
+    index: IndexReader,
+    store: ObjectStore,
+    committer: Committer,
+    table_formats: Mapping[str, TableFormat],
+    namespace: str,
+    older_than_s: float,
+) -> list[str]:
+    """Delete the topic's unreferenced data files last modified before ``older_than_s``."""
+    root = layout.table_root(namespace, topic.name) + "/"
+    candidates = [
+        info.key
+        async for info in store.list(root)
+        if info.modified < older_than_s and _is_data_file(info.key.removeprefix(root))
+    ]
+    if not candidates:
+        return []
+    # Listed first, references read second: a file referenced in between is younger than the
+    # cutoff, so it is not a candidate.
+    referenced = await committer.retired()
+    for record in await committer.unfinished():
+        referenced.update(r.ref for r in record.task.ranges)
+        referenced.update(path for _, path in record.task.output_paths)
+    for stream_id in topic.streams:
+        async for entry in index.entries(stream_id):
+            if isinstance(entry.location, ParquetLocation):
+                referenced.add(entry.location.key)
+    spec = committer.table_spec(topic.name)
+    for table_format in table_formats.values():
+        try:
+            files = await table_format.files(spec)
+        except NotFoundError:
+            continue  # no table yet: it references nothing
+        referenced.update(f"{root}{f.path}" for f in files)
+    orphans = [key for key in candidates if key not in referenced]
+    for key in orphans:
+        log.info("deleting orphaned data file %s of topic %s", key, topic.name)
+        await store.delete(key)
+    return orphans
+
+
+def _is_data_file(relative: str) -> bool:
+    """A data file of the table root (not a Delta log or checkpoint file)."""
+    return relative.startswith("partition=") and relative.endswith(".parquet")
