@@ -34,7 +34,13 @@ import pytest_asyncio
 from icefloe.config import Config, load_config
 from icefloe.errors import CorruptDataError, NotFoundError
 from icefloe.ports.base import PortKind
-from icefloe.ports.compaction import CompactionEngine, CompactionTask, StreamRange, WrittenFile
+from icefloe.ports.compaction import (
+    CompactionEngine,
+    CompactionTask,
+    Source,
+    StreamRange,
+    WrittenFile,
+)
 from icefloe.ports.object_store import ObjectStore
 from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
@@ -218,6 +224,66 @@ class CompactionEngineContract(Contract):
         for ref in task.refs():
             await storage.wal.delete(ref)
         with pytest.raises(NotFoundError):
+            await engine.run([task])
+
+    @pytest.mark.asyncio
+    async def test_data_files_of_a_stream_merge_into_one_with_the_same_rows(
+        self, engine: CompactionEngine, storage: StreamStorage
+    ) -> None:
+        [stream] = await write_streams(storage, count=1, rounds=4)
+        whole = await task_for(storage, [stream], "whole", "whole")
+        halves = [
+            CompactionTask(f"half-{i}", ranges, ((stream.stream_id, f"half/{i}.parquet"),))
+            for i, ranges in enumerate((whole.ranges[:2], whole.ranges[2:]))
+        ]
+        parts = await engine.run(halves)
+        merge = CompactionTask(
+            "merge",
+            tuple(
+                StreamRange(
+                    f.stream_id,
+                    stream.partition,
+                    f.start_offset,
+                    f.end_offset,
+                    f.path,
+                    0,
+                    f.size,
+                    Source.PARQUET,
+                )
+                for f in sorted(parts, key=lambda f: f.start_offset)
+            ),
+            ((stream.stream_id, "merged/stream.parquet"),),
+        )
+
+        [merged] = await engine.run([merge])
+
+        table = await read_parquet(storage.object_store, "merged/stream.parquet")
+        assert rows_of(table) == expected_rows(stream)
+        assert (merged.start_offset, merged.end_offset) == (0, len(stream.records))
+        assert merged.record_count == len(stream.records)
+        timestamps = [r.timestamp for r in stream.records]
+        assert (merged.min_timestamp, merged.max_timestamp) == (min(timestamps), max(timestamps))
+        parquet = pq.ParquetFile(io.BytesIO(await storage.object_store.get(merged.path)))
+        assert merged.row_groups == row_group_ranges(parquet)
+
+    @pytest.mark.asyncio
+    async def test_a_data_file_that_does_not_hold_its_range_raises_corrupt_data(
+        self, engine: CompactionEngine, storage: StreamStorage
+    ) -> None:
+        [stream] = await write_streams(storage, count=1, rounds=2)
+        [written] = await engine.run([await task_for(storage, [stream], "whole", "whole")])
+        wrong = StreamRange(
+            stream.stream_id,
+            stream.partition,
+            written.start_offset,
+            written.end_offset + 1,
+            written.path,
+            0,
+            written.size,
+            Source.PARQUET,
+        )
+        task = CompactionTask("merge", (wrong,), ((stream.stream_id, "merged/x.parquet"),))
+        with pytest.raises(CorruptDataError, match="holds offsets"):
             await engine.run([task])
 
     @pytest.mark.asyncio
