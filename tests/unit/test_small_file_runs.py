@@ -59,6 +59,16 @@ async def test_a_gap_in_offsets_breaks_a_run() -> None:
     assert await run_of(files, 1000, 3) == []
 
 
+async def test_a_merged_file_waits_for_as_many_bytes_of_newer_files() -> None:
+    merged = entry(0, 70, 700)
+    newer = [entry(70 + i * 10, 80 + i * 10, 100) for i in range(8)]
+    # 700 + 6 × 100: the merged file would be more than half the run; the 6 alone are too few.
+    assert await run_of([merged, *newer[:6]], 10_000, 3) == [70, 80, 90, 100, 110, 120]
+    assert await run_of([merged, *newer[:6]], 10_000, 8) == []
+    # 700 + 7 × 100: now the merged file is half the run, and they merge together.
+    assert await run_of([merged, *newer[:7]], 10_000, 8) == [0, *range(70, 140, 10)]
+
+
 async def test_wal_entries_are_never_part_of_a_run() -> None:
     files = [entry(0, 10, 100), entry(10, 20, 100), entry(20, 30, 100, wal=True)]
     assert await run_of(files, 1000, 3) == []

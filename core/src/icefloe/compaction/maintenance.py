@@ -88,22 +88,47 @@ async def plan_rewrite(
 async def small_run(
     entries: AsyncIterable[IndexEntry], target_bytes: int, min_files: int
 ) -> tuple[IndexEntry, ...]:
-    """The first run of at least ``min_files`` consecutive small data files among a stream's
-    ``entries`` (in offset order), cut to at most ``target_bytes`` in all; empty when there is
-    none. Reads no further than the end of that run."""
-    run: list[IndexEntry] = []
-    size = 0
+    """The first run of a stream's ``entries`` (in offset order) worth merging, or ``()``.
+
+    A run is at least ``min_files`` consecutive small data files, at most ``target_bytes`` in
+    all, none of them more than half the run. The last rule keeps merging tiered: a merged file
+    is merged again only with as many bytes of newer files, so each byte is rewritten about
+    log2(target / small file) times, not once per merge.
+    """
+    group: list[IndexEntry] = []  # consecutive small data files
     async for entry in entries:
         small = not entry.in_wal and entry.size < target_bytes * SMALL_FRACTION
-        joins = small and bool(run) and entry.start == run[-1].end
-        if joins and size + entry.size <= target_bytes:
-            run.append(entry)
-            size += entry.size
+        if small and group and entry.start == group[-1].end and len(group) < MAX_GROUP:
+            group.append(entry)
             continue
-        if len(run) >= min_files:
-            return tuple(run)
-        run, size = ([entry], entry.size) if small else ([], 0)
-    return tuple(run) if len(run) >= min_files else ()
+        if run := _best_run(group, target_bytes, min_files):
+            return run
+        group = [entry] if small else []
+    return _best_run(group, target_bytes, min_files)
+
+
+MAX_GROUP: Final = 10_000
+"""Consecutive small files looked at together (bounds memory on a long neglected index)."""
+
+
+def _best_run(
+    group: Sequence[IndexEntry], target_bytes: int, min_files: int
+) -> tuple[IndexEntry, ...]:
+    """The longest valid run from the first start position in ``group`` that has one."""
+    for first in range(len(group) - min_files + 1):
+        best = 0
+        total = largest = 0
+        for last in range(first, len(group)):
+            size = group[last].size
+            total += size
+            largest = max(largest, size)
+            if total > target_bytes:
+                break
+            if last - first + 1 >= min_files and largest * 2 <= total:
+                best = last + 1
+        if best:
+            return tuple(group[first:best])
+    return ()
 
 
 def _rewrite_plan(stream: StreamPlan, namespace: str) -> Plan:
