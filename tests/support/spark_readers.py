@@ -94,11 +94,7 @@ def iceberg_catalog_conf(
     iceberg_properties: Mapping[str, str],
     name: str = CATALOG_NAME,
 ) -> dict[str, str]:
-    """Spark settings of an Iceberg catalog ``name`` over Icefloe's SQLite catalog file.
-
-    Iceberg Java shares pyiceberg's ``s3.*`` FileIO names but for two: the region is
-    ``client.region`` and path-style addressing is ``s3.path-style-access``.
-    """
+    """Spark settings of an Iceberg catalog ``name`` over Icefloe's SQLite catalog file."""
     properties = {
         "type": "jdbc",
         "uri": f"jdbc:sqlite:{catalog_file}",
@@ -106,13 +102,7 @@ def iceberg_catalog_conf(
         "jdbc.init-catalog-tables": "false",  # read only: never create the catalog's tables
         "io-impl": "org.apache.iceberg.io.ResolvingFileIO",  # S3FileIO for s3://, Hadoop else
     }
-    for key, value in iceberg_properties.items():
-        if key == "s3.region":
-            properties["client.region"] = value
-        elif key == "s3.force-virtual-addressing":
-            properties["s3.path-style-access"] = str(value.lower() != "true").lower()
-        else:
-            properties[key] = value
+    properties.update(iceberg_properties)
     prefix = f"spark.sql.catalog.{name}"
     return {prefix: "org.apache.iceberg.spark.SparkCatalog"} | {
         f"{prefix}.{key}": value for key, value in properties.items()

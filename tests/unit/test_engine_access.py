@@ -63,9 +63,11 @@ def test_s3_configured_keys_and_endpoint_reach_both_engines() -> None:
     assert access.iceberg_properties() == {
         "s3.endpoint": "http://127.0.0.1:9000",
         "s3.region": "eu-west-1",
+        "client.region": "eu-west-1",
         "s3.access-key-id": "id",
         "s3.secret-access-key": "secret",
         "s3.force-virtual-addressing": "false",
+        "s3.path-style-access": "true",
     }
 
 

@@ -47,16 +47,20 @@ class S3Access:
         return {key: value for key, value in options.items() if value is not None}
 
     def iceberg_properties(self) -> dict[str, str]:
-        """For pyiceberg's (and Iceberg Java's) S3 FileIO."""
+        """For pyiceberg's and Iceberg Java's S3 FileIO (Spark, Trino, Flink). The two share
+        the ``s3.*`` names but for the region and the addressing style, so both spellings are
+        given; each ignores the other's."""
         properties = {
             "s3.endpoint": self.endpoint,
             "s3.region": self.region,
+            "client.region": self.region,  # Java
             "s3.access-key-id": self.access_key_id,
             "s3.secret-access-key": self.secret_access_key,
             "s3.session-token": self.session_token,
         }
         if self.virtual_hosted is not None:
             properties["s3.force-virtual-addressing"] = str(self.virtual_hosted).lower()
+            properties["s3.path-style-access"] = str(not self.virtual_hosted).lower()  # Java
         return {key: value for key, value in properties.items() if value is not None}
 
 
