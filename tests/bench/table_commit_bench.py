@@ -27,6 +27,7 @@ from pathlib import Path
 from icefloe.ports.base import PortKind
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import DataFile, TableFormat
+from icefloe.table_names import TableName
 from icefloe.tables import layout
 from icefloe.testing.contract import open_backend
 from icefloe.testing.table_contract import make_rows, parquet_bytes
@@ -53,14 +54,15 @@ async def time_commits(server: str, fmt: str, commits: int, workdir: Path) -> li
     table_format = await open_backend(PortKind.TABLE, fmt, workdir, {}, object_store=store)
     assert isinstance(table_format, TableFormat)
     try:
-        spec = layout.table_spec(store, "bench", f"t{uuid.uuid4().hex[:8]}")
+        topic = f"t{uuid.uuid4().hex[:8]}"
+        spec = layout.table_spec(store, TableName("bench", topic), topic)
         await table_format.ensure_table(spec)
         files = []
         for n in range(commits + 1):
             offsets = range(n * ROWS_PER_FILE, (n + 1) * ROWS_PER_FILE)
-            key = layout.data_file(spec.namespace, spec.name, 0, f"{n:06d}.parquet")
+            key = layout.data_file(topic, 0, f"{n:06d}.parquet")
             info = await store.put(key, parquet_bytes(make_rows(0, offsets)))
-            path = layout.relative_path(spec.namespace, spec.name, key)
+            path = layout.relative_path(topic, key)
             files.append(DataFile(path, info.size, ROWS_PER_FILE, 0, int(info.modified * 1000)))
         await table_format.commit(spec, 1, [files[0]])  # warm-up: catalog and clients
         timings = []

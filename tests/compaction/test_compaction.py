@@ -130,9 +130,7 @@ async def test_a_task_reads_each_wal_object_once(
         await asyncio.gather(*(storage.append(s, records(10, "x")) for s in topic.streams))
     from icefloe.compaction.planner import plan_task
 
-    plan = await plan_task(
-        storage.index, topics.cached(), compactor._options, "icefloe", 0, force=True
-    )
+    plan = await plan_task(storage.index, topics.cached(), compactor._options, 0, force=True)
     assert plan is not None
     store = storage.object_store
     gets = store.stats.requests[RequestKind.GET]

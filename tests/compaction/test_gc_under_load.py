@@ -14,6 +14,7 @@ from icefloe.errors import UnavailableError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation, WalLocation
 from icefloe.storage.records import Record
+from icefloe.tables import layout
 from icefloe.topics.registry import TopicRegistry
 
 RUN_SECONDS = 4.0
@@ -89,7 +90,7 @@ async def test_nothing_referenced_is_ever_collected(tmp_path: Path) -> None:
             assert len(values) == written[stream]
         for catalog in compactor.table_formats.values():
             for f in await catalog.files(compactor.committer.table_spec("busy")):
-                key = f"tables/icefloe/busy/{f.path}"
+                key = f"{layout.table_root('busy')}/{f.path}"
                 assert await storage.object_store.head(key) is not None
         await compactor.close()
         await topics.close()

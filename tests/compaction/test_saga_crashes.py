@@ -68,7 +68,7 @@ async def table_rows(compactor: Compactor, topic: str) -> dict[str, list[tuple[i
     """Each format's rows of ``topic``'s table as (partition, offset, value), sorted."""
     store = compactor.storage.object_store
     spec = compactor.committer.table_spec(topic)
-    root = layout.table_root("icefloe", topic)
+    root = layout.table_root(topic)
     rows = {}
     for name, table_format in compactor.table_formats.items():
         files = await table_format.files(spec)

@@ -75,7 +75,7 @@ async def stream_contents(storage: StreamStorage, topic: Topic) -> list[list[tup
 
 
 async def data_files(storage: StreamStorage, topic: str) -> set[str]:
-    root = layout.table_root("icefloe", topic) + "/partition="
+    root = layout.table_root(topic) + "/partition="
     return {info.key async for info in storage.object_store.list(root)}
 
 
@@ -155,7 +155,7 @@ async def test_orphaned_data_files_are_deleted_and_referenced_ones_kept(parts: P
     storage, _, compactor = parts
     await small_files(parts, 2, **{ORPHAN_AGE_CONFIG: "0"})
     live = await data_files(storage, "events")
-    root = layout.table_root("icefloe", "events")
+    root = layout.table_root("events")
     stray = f"{root}/partition=0/00000000000000000000-00000000000000000007.parquet"
     await storage.object_store.put(stray, b"left by a crash")
     other = f"{root}/notes.txt"
@@ -171,7 +171,7 @@ async def test_orphaned_data_files_are_deleted_and_referenced_ones_kept(parts: P
 async def test_orphans_stay_when_cleanup_is_off(parts: Parts) -> None:
     storage, _, compactor = parts
     await small_files(parts, 1, **{ORPHAN_AGE_CONFIG: "-1"})
-    stray = layout.data_file("icefloe", "events", 0, "stray.parquet")
+    stray = layout.data_file("events", 0, "stray.parquet")
     await storage.object_store.put(stray, b"left by a crash")
 
     assert await compactor.collect_garbage() == []

@@ -35,7 +35,7 @@ def delta_rows(spec: TableSpec, storage_options: dict[str, str] | None = None) -
 
 def log_entries(spec: TableSpec, store_root: Path) -> list[dict[str, Any]]:
     """Every action of every JSON commit of the table's log, in order."""
-    log = store_root / layout.table_root(spec.namespace, spec.name) / "_delta_log"
+    log = store_root / layout.table_root(spec.identifier) / "_delta_log"
     return [
         json.loads(line)
         for commit in sorted(log.glob("*.json"))
@@ -107,7 +107,7 @@ class TestDeltaTableFormat(TableFormatContract):
         a = await self.write_file(store, table, 0, range(3))
         await table_format.commit(table, 5, [a])
         await table_format.expire(table, int(time.time() * 1000))
-        log = tmp_path / unique / "objects" / layout.table_root(table.namespace, table.name)
+        log = tmp_path / unique / "objects" / layout.table_root(table.identifier)
         assert list((log / "_delta_log").glob("*.checkpoint.parquet"))
         assert delta_table(table).transaction_version("icefloe") == 5
 
@@ -124,7 +124,7 @@ class TestDeltaTableFormat(TableFormatContract):
                 await table_format.commit(
                     spec, sequence, [await self.write_file(store, spec, 0, [sequence])]
                 )
-            log = tmp_path / unique / "objects" / layout.table_root(spec.namespace, spec.name)
+            log = tmp_path / unique / "objects" / layout.table_root(spec.identifier)
             versions = sorted((log / "_delta_log").glob("*.json"))
             await table_format.expire(spec, 0)  # older than 1970: nothing may go
             assert sorted((log / "_delta_log").glob("*.json")) == versions

@@ -199,6 +199,28 @@ def test_confluent_bad_config_value_is_invalid_config(confluent: AdminClient, to
     )
 
 
+def test_confluent_topics_that_differ_only_in_dot_and_underscore_collide(
+    confluent: AdminClient, topic: str
+) -> None:
+    dotted = topic.replace("_", "-") + ".x"
+    done(confluent.create_topics([NewTopic(dotted, 1, 1)]))
+    code = failed(confluent.create_topics([NewTopic(dotted.replace(".", "_"), 1, 1)]))
+    assert code == KafkaError.TOPIC_EXCEPTION  # both would be the table icefloe.<…>_x
+
+
+def test_confluent_a_table_alias_another_topic_has_is_invalid_config(
+    confluent: AdminClient, topic: str
+) -> None:
+    alias = {"icefloe.table.identifier": f"sales.{topic.replace('.', '_')}"}
+    done(confluent.create_topics([NewTopic(topic + "-a", 1, 1, config=alias)]))
+    done(confluent.create_topics([NewTopic(topic + "-b", 1, 1)]))
+    resource = ConfigResource(ResourceType.TOPIC, topic + "-b", set_config=alias)
+    assert failed(confluent.alter_configs([resource])) == KafkaError.INVALID_CONFIG
+    bad = {"icefloe.table.identifier": "no_namespace"}
+    code = failed(confluent.create_topics([NewTopic(topic + "-c", 1, 1, config=bad)]))
+    assert code == KafkaError.INVALID_CONFIG
+
+
 def test_confluent_shrinking_partitions_is_invalid_partitions(
     confluent: AdminClient, topic: str
 ) -> None:

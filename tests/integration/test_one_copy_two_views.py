@@ -49,18 +49,18 @@ def spec(store: ObjectStore) -> TableSpec:
     return TableSpec(
         namespace=NAMESPACE,
         name=TOPIC,
-        location=store.url(layout.table_root(NAMESPACE, TOPIC)),
+        location=store.url(layout.table_root(TOPIC)),
         schema=ROW_SCHEMA,
-        metadata_location=store.url(layout.iceberg_metadata_root(NAMESPACE, TOPIC)),
+        metadata_location=store.url(layout.iceberg_metadata_root(TOPIC)),
     )
 
 
 async def write(store: ObjectStore, partition: int, offsets: range, name: str) -> DataFile:
-    key = layout.data_file(NAMESPACE, TOPIC, partition, name)
+    key = layout.data_file(TOPIC, partition, name)
     rows = make_rows(partition, offsets)
     info = await store.put(key, parquet_bytes(rows), if_absent=True)
     return DataFile(
-        layout.relative_path(NAMESPACE, TOPIC, key),
+        layout.relative_path(TOPIC, key),
         info.size,
         rows.num_rows,
         partition,

@@ -22,6 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 from icefloe.ports.base import PortKind
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import DataFile, TableFormat
+from icefloe.table_names import TableName
 from icefloe.tables import layout
 from icefloe.testing.contract import open_backend
 from icefloe.testing.table_contract import Row, make_rows, parquet_bytes, rows_of
@@ -172,11 +173,11 @@ async def test_duckdb_reads_iceberg_on_azurite(tmp_path: Path) -> None:
     iceberg = await open_backend(PortKind.TABLE, "iceberg", tmp_path, {}, object_store=store)
     assert isinstance(iceberg, TableFormat)
     try:
-        spec = layout.table_spec(store, "icefloe", TOPIC)
+        spec = layout.table_spec(store, TableName("icefloe", TOPIC), TOPIC)
         rows = make_rows(0, range(5))
-        key = layout.data_file(spec.namespace, spec.name, 0, "0-4.parquet")
+        key = layout.data_file(TOPIC, 0, "0-4.parquet")
         info = await store.put(key, parquet_bytes(rows))
-        added = DataFile(layout.relative_path(spec.namespace, spec.name, key), info.size, 5, 0, 0)
+        added = DataFile(layout.relative_path(TOPIC, key), info.size, 5, 0, 0)
         await iceberg.commit(spec, 1, [added])
         metadata = (await iceberg.ensure_table(spec)).metadata_location
         assert duckdb_rows(f"iceberg_scan('{metadata}')", store.engine_options()) == rows_of(rows)

@@ -30,7 +30,7 @@ class Broker:
         self.config = config
         self.options: BrokerOptions = config.broker
         self.storage = storage
-        self.topics = TopicRegistry(storage)
+        self.topics = TopicRegistry(storage, config.table.identifier)
         self.cluster = Cluster(storage.metadata, self.options.session_ttl_s)
         self.groups = GroupCoordinator(
             storage.metadata, self.cluster, self.topics, config.groups, self.options.session_ttl_s

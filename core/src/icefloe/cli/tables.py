@@ -16,7 +16,6 @@ from icefloe.compaction.service import LEADER_KEY, Compactor, Progress
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.ports.metadata import MUST_NOT_EXIST
 from icefloe.storage.engine import StreamStorage
-from icefloe.tables import layout
 from icefloe.topics.registry import TopicRegistry
 
 T = TypeVar("T")
@@ -26,7 +25,7 @@ T = TypeVar("T")
 async def _compactor(ctx: click.Context) -> AsyncIterator[Compactor]:
     config = configuration.load_config(ctx.obj.get("config_path"))
     async with await StreamStorage.open(config) as storage:
-        topics = TopicRegistry(storage)
+        topics = TopicRegistry(storage, config.table.identifier)
         await topics.start()
         compactor = await Compactor.open(config, storage, topics)
         try:
@@ -136,7 +135,7 @@ def tables(ctx: click.Context, as_json: bool) -> None:
                     {
                         "topic": topic.name,
                         "format": None,
-                        "identifier": layout.table_name(topic.name),
+                        "identifier": spec.identifier,
                         "location": spec.location,
                         "metadata_location": None,
                         "commit": None,

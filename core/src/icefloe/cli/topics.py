@@ -57,7 +57,7 @@ def _run(
     async def main() -> T:
         storage = await StreamStorage.open(config)
         try:
-            return await work(TopicRegistry(storage), storage, config)
+            return await work(TopicRegistry(storage, config.table.identifier), storage, config)
         finally:
             await storage.close()
 

@@ -53,6 +53,7 @@ from icefloe.ports.table import DataFile, TableFormat, TableSpec
 from icefloe.storage import counters, index, keys
 from icefloe.storage.index import IndexEntry, ParquetLocation
 from icefloe.storage.offset_index import OffsetIndex
+from icefloe.table_names import TableName
 from icefloe.tables import layout
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ class Committer:
         store: ObjectStore,
         engine: CompactionEngine,
         table_formats: Sequence[TableFormat],
-        namespace: str,
+        table_name: Callable[[str], TableName],
         *,
         expire_every: int,
         history_ms: Callable[[str], int],
@@ -182,7 +183,8 @@ class Committer:
         self._store = store
         self._engine = engine
         self._table_formats = list(table_formats)
-        self._namespace = namespace
+        self._table_name = table_name
+        """The identifier of a topic's table, by topic name."""
         self._expire_every = expire_every
         self._history_ms = history_ms
         """How long a topic's table history (and its retired files) is kept."""
@@ -274,7 +276,7 @@ class Committer:
             stream = stream_of[f.stream_id]
             added[stream.topic].append(
                 DataFile(
-                    layout.relative_path(self._namespace, stream.topic, f.path),
+                    layout.relative_path(stream.topic, f.path),
                     f.size,
                     f.record_count,
                     stream.partition,
@@ -284,8 +286,7 @@ class Committer:
         for stream in record.streams:
             if stream.topic in removed:
                 removed[stream.topic].extend(
-                    layout.relative_path(self._namespace, stream.topic, key)
-                    for key in stream.retired
+                    layout.relative_path(stream.topic, key) for key in stream.retired
                 )
         for table_format in self._table_formats:
             for topic, sequence in sorted(record.sequences.items()):
@@ -354,7 +355,7 @@ class Committer:
 
     def table_spec(self, topic: str) -> TableSpec:
         """The table of ``topic`` in this cluster's object store."""
-        return layout.table_spec(self._store, self._namespace, topic)
+        return layout.table_spec(self._store, self._table_name(topic), topic)
 
 
 def _retired_files(kind: TaskKind, entries: Sequence[IndexEntry]) -> list[str]:

@@ -70,7 +70,7 @@ class TableSettings:
 
 
 async def plan_rewrite(
-    index: IndexReader, topics: Sequence[Topic], options: CompactorOptions, namespace: str
+    index: IndexReader, topics: Sequence[Topic], options: CompactorOptions
 ) -> Plan | None:
     """The next rewrite: the first partition with enough consecutive small files."""
     for topic in topics:
@@ -81,7 +81,7 @@ async def plan_rewrite(
         for partition, stream_id in enumerate(topic.streams):
             run = await small_run(index.entries(stream_id), target, settings.rewrite_min_files)
             if run:
-                return _rewrite_plan(StreamPlan(topic.name, partition, stream_id, run), namespace)
+                return _rewrite_plan(StreamPlan(topic.name, partition, stream_id, run))
     return None
 
 
@@ -131,7 +131,7 @@ def _best_run(
     return ()
 
 
-def _rewrite_plan(stream: StreamPlan, namespace: str) -> Plan:
+def _rewrite_plan(stream: StreamPlan) -> Plan:
     ranges = []
     for entry in stream.entries:
         location = entry.location
@@ -149,7 +149,7 @@ def _rewrite_plan(stream: StreamPlan, namespace: str) -> Plan:
             )
         )
     name = f"{stream.start:020d}-{stream.end:020d}.parquet"
-    output = layout.data_file(namespace, stream.topic, stream.partition, name)
+    output = layout.data_file(stream.topic, stream.partition, name)
     task = CompactionTask(uuid.uuid4().hex, tuple(ranges), ((stream.stream_id, output),))
     return Plan(task, (stream,), TaskKind.REWRITE)
 
@@ -161,11 +161,10 @@ async def sweep_orphans(
     store: ObjectStore,
     committer: Committer,
     table_formats: Mapping[str, TableFormat],
-    namespace: str,
     older_than_s: float,
 ) -> list[str]:
     """Delete the topic's unreferenced data files last modified before ``older_than_s``."""
-    root = layout.table_root(namespace, topic.name) + "/"
+    root = layout.table_root(topic.name) + "/"
     candidates = [
         info.key
         async for info in store.list(root)

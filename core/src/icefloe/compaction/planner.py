@@ -64,7 +64,6 @@ async def plan_task(
     index: IndexReader,
     topics: Sequence[Topic],
     options: CompactorOptions,
-    namespace: str,
     now_ms: int,
     *,
     force: bool = False,
@@ -80,8 +79,8 @@ async def plan_task(
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
             if budget <= 0:
-                return _plan(chosen, namespace)
-    return _plan(chosen, namespace) if chosen else None
+                return _plan(chosen)
+    return _plan(chosen) if chosen else None
 
 
 def _due(
@@ -110,7 +109,7 @@ def _due(
     return taken
 
 
-def _plan(streams: list[StreamPlan], namespace: str) -> Plan:
+def _plan(streams: list[StreamPlan]) -> Plan:
     task_id = uuid.uuid4().hex
     ranges = []
     outputs = []
@@ -130,5 +129,5 @@ def _plan(streams: list[StreamPlan], namespace: str) -> Plan:
                 )
             )
         name = f"{s.start:020d}-{s.end:020d}.parquet"
-        outputs.append((s.stream_id, layout.data_file(namespace, s.topic, s.partition, name)))
+        outputs.append((s.stream_id, layout.data_file(s.topic, s.partition, name)))
     return Plan(CompactionTask(task_id, tuple(ranges), tuple(outputs)), tuple(streams))

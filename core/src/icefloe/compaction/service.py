@@ -28,6 +28,7 @@ from icefloe.ports.compaction import CompactionEngine
 from icefloe.ports.metadata import MUST_NOT_EXIST
 from icefloe.ports.table import TableFormat
 from icefloe.storage.engine import StreamStorage
+from icefloe.table_names import TableName
 from icefloe.topics.registry import Topic, TopicRegistry
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,6 @@ class Compactor:
         engine: CompactionEngine,
         table_formats: Mapping[str, TableFormat],
         options: CompactorOptions,
-        namespace: str,
     ) -> None:
         self.storage = storage
         self.topics = topics
@@ -64,14 +64,13 @@ class Compactor:
         self.table_formats = dict(table_formats)
         """The enabled table formats by name (``"iceberg"``), all committing the same files."""
         self._options = options
-        self._namespace = namespace
         self.committer = Committer(
             storage.metadata,
             storage.offset_index,
             storage.object_store,
             engine,
             list(table_formats.values()),
-            namespace,
+            self._table_name,
             expire_every=options.expire_every_commits,
             history_ms=self._history_ms,
         )
@@ -99,7 +98,6 @@ class Compactor:
             engine,
             table_formats,
             config.compactor,
-            config.table.namespace,
         )
 
     async def backlog(self, topic: Topic) -> tuple[int, int]:
@@ -126,7 +124,6 @@ class Compactor:
             self.storage.index,
             self.topics.cached(),
             self._options,
-            self._namespace,
             int(time.time() * 1000),
             force=force,
         )
@@ -137,7 +134,7 @@ class Compactor:
     async def rewrite_once(self) -> Progress | None:
         """Merge one run of small data files, if a topic has one."""
         plan = await maintenance.plan_rewrite(
-            self.storage.index, self.topics.cached(), self._options, self._namespace
+            self.storage.index, self.topics.cached(), self._options
         )
         if plan is None:
             return None
@@ -170,7 +167,6 @@ class Compactor:
                 store=self.storage.object_store,
                 committer=self.committer,
                 table_formats=self.table_formats,
-                namespace=self._namespace,
                 older_than_s=now - age_ms / 1000,
             )
         return deleted
@@ -223,6 +219,12 @@ class Compactor:
     async def _run(self, plan: Plan) -> Progress:
         record = await self.committer.finish(await self.committer.start(plan))
         return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
+
+    def _table_name(self, topic_name: str) -> TableName:
+        topic = self.topics.get_cached(topic_name)
+        if topic is None:  # deleted meanwhile: its table keeps the cluster's naming
+            return self.topics.table_name_of(topic_name, {})
+        return self.topics.table_name(topic)
 
     def _history_ms(self, topic_name: str) -> int:
         topic = self.topics.get_cached(topic_name)

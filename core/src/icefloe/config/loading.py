@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from icefloe.config.broker import BrokerOptions
 from icefloe.config.compactor import CompactorOptions
@@ -37,6 +37,7 @@ from icefloe.errors import ConfigError, IcefloeError, PluginError
 from icefloe.plugins import BackendRegistry
 from icefloe.ports import PORTS
 from icefloe.ports.base import BackendOptions, OpenContext, Port, PortKind
+from icefloe.table_names import DEFAULT_TEMPLATE, check_template
 
 ENV_PREFIX: Final = "ICEFLOE_"
 CONFIG_PATH_ENV: Final = "ICEFLOE_CONFIG"
@@ -97,7 +98,24 @@ class TableSection(_Section):
     """
 
     formats: list[str] | Literal["installed"] = INSTALLED
-    namespace: str = "icefloe"
+    identifier: str = DEFAULT_TEMPLATE
+    """Each topic's table identifier, ``<namespace>.<table>`` with ``{topic}`` for the topic's
+    name; a topic's ``icefloe.table.identifier`` config overrides it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_namespace(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "namespace" in data:
+            raise ValueError(
+                "[table] namespace is now part of [table] identifier: write "
+                f'identifier = "{data["namespace"]}.{{topic}}"'
+            )
+        return data
+
+    @field_validator("identifier")
+    @classmethod
+    def _check_identifier(cls, template: str) -> str:
+        return check_template(template)
 
     def options_for(self, name: str) -> dict[str, Any]:
         extra = self.model_extra or {}

@@ -1,8 +1,12 @@
-"""What a topic table is called and where its files live in the object store.
+"""Where a topic table's files live in the object store.
 
 The Delta table root and the Iceberg table location are the same folder, holding the data files
 (``<root>/partition=<p>/<file>.parquet``; Delta references them by relative path). Iceberg's own
 metadata goes to a folder outside that root, or a Delta vacuum would delete it.
+
+Locations follow the topic's name, not the table's identifier (:mod:`icefloe.table_names`):
+the identifier may change (an alias set later) without a file moving, and two topics never
+share a folder.
 """
 
 from __future__ import annotations
@@ -12,45 +16,41 @@ from typing import Final
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TableSpec
 from icefloe.storage.row_schema import ROW_SCHEMA
+from icefloe.table_names import TableName
 
 TABLES: Final = "tables"
 ICEBERG_METADATA: Final = "iceberg-metadata"
 
 
-def table_root(namespace: str, topic: str) -> str:
+def table_root(topic: str) -> str:
     """Object-store key prefix of the table's data files (no trailing slash)."""
-    return f"{TABLES}/{namespace}/{topic}"
+    return f"{TABLES}/{topic}"
 
 
-def data_file(namespace: str, topic: str, partition: int, name: str) -> str:
+def data_file(topic: str, partition: int, name: str) -> str:
     """Object-store key of one data file."""
-    return f"{table_root(namespace, topic)}/partition={partition}/{name}"
+    return f"{table_root(topic)}/partition={partition}/{name}"
 
 
-def relative_path(namespace: str, topic: str, key: str) -> str:
+def relative_path(topic: str, key: str) -> str:
     """A data file's path relative to the table root (as Delta records it)."""
-    prefix = table_root(namespace, topic) + "/"
+    prefix = table_root(topic) + "/"
     if not key.startswith(prefix):
         raise ValueError(f"{key!r} is not inside the table root {prefix!r}")
     return key[len(prefix) :]
 
 
-def iceberg_metadata_root(namespace: str, topic: str) -> str:
+def iceberg_metadata_root(topic: str) -> str:
     """Object-store key prefix of the Iceberg metadata, outside the table root."""
-    return f"{ICEBERG_METADATA}/{namespace}/{topic}"
+    return f"{ICEBERG_METADATA}/{topic}"
 
 
-def table_name(topic: str) -> str:
-    """Table identifiers treat ``.`` as a namespace separator: topics use ``_`` instead."""
-    return topic.replace(".", "_")
-
-
-def table_spec(store: ObjectStore, namespace: str, topic: str) -> TableSpec:
-    """The table of ``topic``: its identifier, schema, and locations in ``store``."""
+def table_spec(store: ObjectStore, name: TableName, topic: str) -> TableSpec:
+    """The table of ``topic``, called ``name``: its identifier, schema, and locations."""
     return TableSpec(
-        namespace=namespace,
-        name=table_name(topic),
-        location=store.url(table_root(namespace, topic)),
+        namespace=name.namespace,
+        name=name.name,
+        location=store.url(table_root(topic)),
         schema=ROW_SCHEMA,
-        metadata_location=store.url(iceberg_metadata_root(namespace, topic)),
+        metadata_location=store.url(iceberg_metadata_root(topic)),
     )

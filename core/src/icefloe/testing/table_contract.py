@@ -156,9 +156,9 @@ class TableFormatContract(Contract):
         return TableSpec(
             namespace=namespace,
             name=name,
-            location=store.url(layout.table_root(namespace, name)),
+            location=store.url(layout.table_root(f"{namespace}.{name}")),
             schema=ROW_SCHEMA,
-            metadata_location=store.url(layout.iceberg_metadata_root(namespace, name)),
+            metadata_location=store.url(layout.iceberg_metadata_root(f"{namespace}.{name}")),
         )
 
     @pytest_asyncio.fixture
@@ -174,10 +174,10 @@ class TableFormatContract(Contract):
     ) -> DataFile:
         """Write one Parquet data file under the table root, as compaction would."""
         rows = make_rows(partition, offsets)
-        key = layout.data_file(spec.namespace, spec.name, partition, f"{uuid.uuid4()}.parquet")
+        key = layout.data_file(spec.identifier, partition, f"{uuid.uuid4()}.parquet")
         info = await store.put(key, parquet_bytes(rows), if_absent=True)
         return DataFile(
-            path=layout.relative_path(spec.namespace, spec.name, key),
+            path=layout.relative_path(spec.identifier, key),
             size=info.size,
             record_count=rows.num_rows,
             partition=partition,
@@ -196,7 +196,7 @@ class TableFormatContract(Contract):
         """Every Parquet object in the table's partition folders (where data files live), by
         key. Formats keep their own files elsewhere (``_delta_log/``, the Iceberg metadata
         root), so a data file a format rewrote or copied would show up here."""
-        root = layout.table_root(spec.namespace, spec.name)
+        root = layout.table_root(spec.identifier)
         return {
             info.key: await store.get(info.key)
             async for info in store.list(f"{root}/{spec.partition_column}=")
@@ -404,7 +404,7 @@ class TableFormatContract(Contract):
         await table_format.commit(table, 2, [c], [a.path])  # a is removed from the table…
         await table_format.expire(table, int(time.time() * 1000) + 60_000)
         assert await self.data_objects(store, table) == written  # …but still there, unchanged
-        root = layout.table_root(table.namespace, table.name)
+        root = layout.table_root(table.identifier)
         listed = {f"{root}/{f.path}" for f in await table_format.files(table)}
         assert listed == {f"{root}/{b.path}", f"{root}/{c.path}"}
 

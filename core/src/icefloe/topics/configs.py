@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.config.compactor import CompactorOptions
 from icefloe.config.storage import StorageOptions
+from icefloe.table_names import IDENTIFIER_CONFIG, check_template
 from icefloe.topics.registry import TopicError
 
 MAX_AGE_CONFIG: Final = "icefloe.compaction.max.age.ms"
@@ -33,6 +34,8 @@ REWRITE_MIN_FILES_CONFIG: Final = "icefloe.table.rewrite.min.files"
 HISTORY_CONFIG: Final = "icefloe.table.history.ms"
 ORPHAN_AGE_CONFIG: Final = "icefloe.table.orphan.age.ms"
 """Topic configs of table maintenance (defaults in ``[compactor]``)."""
+TABLE_IDENTIFIER_CONFIG: Final = IDENTIFIER_CONFIG
+"""The topic's own table identifier (an alias); empty: the cluster's ``[table] identifier``."""
 TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
 """``keep`` (rows stay in the tables after retention) or ``delete`` (they leave them too)."""
 
@@ -160,6 +163,20 @@ class _ListOf:
         if any(item not in self.choices for item in items):
             raise ValueError(text)
         return ",".join(dict.fromkeys(items))
+
+
+@dataclass(frozen=True, slots=True)
+class _Identifier:
+    """A table identifier template (:mod:`icefloe.topics.table_names`), or empty."""
+
+    type: ConfigType = ConfigType.STRING
+
+    @property
+    def accepted(self) -> str:
+        return "a table identifier such as sales.orders or analytics.{topic}, or empty"
+
+    def normalise(self, text: str) -> str:
+        return check_template(text) if text.strip() else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +333,16 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "Files under the topic's table root that no index entry, table or unfinished "
                 "task references are deleted once this old, in milliseconds; -1 keeps them "
                 "(broker-wide: [compactor] orphan_age_s).",
+            ),
+            ConfigKey(
+                TABLE_IDENTIFIER_CONFIG,
+                _Identifier(),
+                "",
+                "The identifier of the topic's table in every catalog, '<namespace>.<table>' "
+                "({topic} stands for the topic's name with '.' as '_'); empty takes the "
+                "cluster's [table] identifier (icefloe.{topic} by default). Files stay where "
+                "they are when it changes; an Iceberg table is found under the new name only "
+                "once it is renamed in the catalog.",
             ),
             ConfigKey(
                 TABLE_RETENTION_CONFIG,

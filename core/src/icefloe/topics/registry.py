@@ -11,7 +11,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -27,6 +27,12 @@ from icefloe.errors import (
 from icefloe.keyspace import TOPICS, prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, Follower, WatchEvent
 from icefloe.storage.engine import StreamStorage
+from icefloe.table_names import (
+    DEFAULT_TEMPLATE,
+    IDENTIFIER_CONFIG,
+    TableName,
+    topic_table_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +114,10 @@ def validate_topic_name(name: str) -> None:
 class TopicRegistry:
     """Every topic of the cluster, cached in memory and kept fresh by notifications."""
 
-    def __init__(self, storage: StreamStorage) -> None:
+    def __init__(self, storage: StreamStorage, table_template: str = DEFAULT_TEMPLATE) -> None:
+        """``table_template`` is the cluster's ``[table] identifier``."""
         self._storage = storage
+        self._table_template = table_template
         self._metadata = storage.metadata
         self._topics: dict[str, Topic] = {}
         self._by_id: dict[uuid.UUID, Topic] = {}
@@ -146,6 +154,14 @@ class TopicRegistry:
         self._remember(topic)
         return topic
 
+    def table_name(self, topic: Topic) -> TableName:
+        """The identifier of ``topic``'s table."""
+        return self.table_name_of(topic.name, topic.configs)
+
+    def table_name_of(self, name: str, configs: Mapping[str, str]) -> TableName:
+        """The identifier of the table of a topic ``name`` with ``configs``."""
+        return topic_table_name(self._table_template, name, configs)
+
     def by_id(self, topic_id: uuid.UUID) -> Topic | None:
         return self._by_id.get(topic_id)
 
@@ -161,6 +177,7 @@ class TopicRegistry:
         _check_partition_count(partitions)
         if await self.get(name) is not None:
             raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
+        self._check_table_name(name, configs or {})
         topic_id = uuid.uuid4()
         streams = [await self._storage.create_stream(f"{topic_id}/{p}") for p in range(partitions)]
         topic = Topic(name, topic_id, tuple(streams), dict(configs or {}), int(time.time() * 1000))
@@ -223,6 +240,7 @@ class TopicRegistry:
         """Replace the topic's configs (validated by the caller)."""
 
         async def reconfigure(topic: Topic) -> Topic:
+            self._check_table_name(name, configs)
             return replace(topic, configs=dict(configs))
 
         return await self._update(name, reconfigure)
@@ -246,6 +264,20 @@ class TopicRegistry:
             updated = replace(new, version=written.version)
             self._remember(updated)
             return updated
+
+    def _check_table_name(self, name: str, configs: dict[str, str]) -> None:
+        """Refuse a topic whose table identifier another topic's table already has (as
+        Kafka refuses topic names that differ only in '.' and '_')."""
+        wanted = self.table_name_of(name, configs)
+        for other in self._topics.values():
+            if other.name != name and self.table_name(other) == wanted:
+                alias = bool(configs.get(IDENTIFIER_CONFIG))
+                raise TopicError(
+                    ErrorCode.invalid_config if alias else ErrorCode.invalid_topic_exception,
+                    f"topic {name!r} would share the table {wanted} with topic {other.name!r}; "
+                    f"give one of them its own identifier with the topic config "
+                    f"{IDENTIFIER_CONFIG}",
+                )
 
     async def _require(self, name: str) -> Topic:
         topic = await self.get(name)
