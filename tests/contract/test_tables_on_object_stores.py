@@ -1,11 +1,12 @@
 """Both table formats run the table contract with their files on S3 (moto and MinIO), GCS
 (fake-gcs-server) and Azure Blob (Azurite), each reached with nothing but the object store's
-own configuration: the formats take endpoint and credentials from the store plugin."""
+own configuration: the formats take endpoint and credentials from the store plugin. Iceberg
+also runs it through the REST catalog fixture on MinIO."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pytest
@@ -17,6 +18,7 @@ from icefloe.testing.contract import open_backend
 from icefloe.testing.table_contract import TableFormatContract
 from tests.contract.test_table_delta import delta_rows
 from tests.contract.test_table_iceberg import pyiceberg_table
+from tests.support.iceberg_rest import iceberg_rest_on_minio
 from tests.support.object_servers import SERVERS
 
 FAKE_GCS_REFUSES_XML_PUT = (
@@ -68,6 +70,15 @@ class TestIcebergOnMinIO(IcebergContract):
 
 class TestDeltaOnMinIO(DeltaContract):
     server = "minio"
+
+
+class TestIcebergRestCatalogOnMinIO(IcebergContract):
+    """Through the Iceberg REST catalog fixture, which writes the metadata to MinIO itself."""
+
+    server = "minio"
+
+    def backend_options(self, workdir: Path, unique: str) -> dict[str, Any]:
+        return {"catalog": "rest", "uri": iceberg_rest_on_minio().url}
 
 
 class TestIcebergOnFakeGCS(IcebergContract):
