@@ -110,7 +110,8 @@ async def _leading(compactor: Compactor) -> AsyncIterator[None]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def tables(ctx: click.Context, as_json: bool) -> None:
-    """Show each topic's tables: identifier, locations, version and lag behind the stream."""
+    """Show each topic's tables: identifier, locations, version, data files and lag behind the
+    stream."""
 
     async def body(compactor: Compactor) -> list[dict[str, Any]]:
         rows = []
@@ -127,6 +128,7 @@ def tables(ctx: click.Context, as_json: bool) -> None:
                         "location": info.location,
                         "metadata_location": info.metadata_location,
                         "commit": await table_format.last_commit(spec),
+                        "files": len(await table_format.files(spec)),
                         "lag_records": lag,
                     }
                 )
@@ -139,6 +141,7 @@ def tables(ctx: click.Context, as_json: bool) -> None:
                         "location": spec.location,
                         "metadata_location": None,
                         "commit": None,
+                        "files": None,
                         "lag_records": lag,
                     }
                 )
@@ -155,7 +158,9 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             f"{row['topic']}: {row['format'] or 'no table format enabled'} "
             f"{row['identifier']} at {row['location']}"
             + (f" (metadata {row['metadata_location']})" if row["metadata_location"] else "")
-            + f", commit {row['commit']}, {row['lag_records']} records not yet in the table"
+            + f", commit {row['commit']}"
+            + (f", {row['files']} data files" if row["files"] is not None else "")
+            + f", {row['lag_records']} records not yet in the table"
         )
 
 

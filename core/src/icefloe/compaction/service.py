@@ -75,6 +75,7 @@ class Compactor:
             history_ms=self._history_ms,
         )
         self._next_maintenance = 0.0
+        self._next_orphan_sweep = 0.0
 
     @classmethod
     async def open(
@@ -152,12 +153,12 @@ class Compactor:
                 removed += sum(len(s.entries) for s in plan.streams)
         return removed
 
-    async def collect_garbage(self) -> list[str]:
-        """Delete retired data files past their grace period, and every topic's orphans;
-        return the deleted keys."""
+    async def collect_garbage(self, *, orphans: bool = True) -> list[str]:
+        """Delete retired data files past their grace period and, with ``orphans``, every
+        topic's orphaned files; return the deleted keys."""
         now = time.time()
         deleted = await self.committer.delete_retired(int(now * 1000))
-        for topic in self.topics.cached():
+        for topic in self.topics.cached() if orphans else ():
             age_ms = TableSettings.of(topic, self._options).orphan_age_ms
             if age_ms < 0:
                 continue
@@ -172,10 +173,14 @@ class Compactor:
         return deleted
 
     async def maintain(self) -> None:
-        """Rewrite small files until none are left, then collect garbage."""
+        """Rewrite small files until none are left, then collect garbage (orphans every
+        ``orphan_sweep_interval_s``: finding them lists every table)."""
         while await self.rewrite_once() is not None:
             pass
-        await self.collect_garbage()
+        sweep = time.monotonic() >= self._next_orphan_sweep
+        if sweep:
+            self._next_orphan_sweep = time.monotonic() + self._options.orphan_sweep_interval_s
+        await self.collect_garbage(orphans=sweep)
 
     async def until_idle(self, report: Callable[[Progress], None] | None = None) -> int:
         """Compact everything now (ignoring ages and sizes); return the number of tasks."""

@@ -37,6 +37,8 @@ class CompactorOptions(BaseModel):
     ``icefloe.table.rewrite.min.files``)."""
     maintenance_interval_s: float = Field(default=60.0, gt=0)
     """How often the compaction leader looks for small files to merge and files to delete."""
+    orphan_sweep_interval_s: float = Field(default=3600.0, gt=0)
+    """How often the leader looks for orphaned files (it lists every table's files)."""
     orphan_age_s: float = Field(default=3 * 24 * 3600.0, ge=-1)
     """Files under a table's root that nothing references (no index entry, no table, no
     unfinished task) are deleted once this old; -1 keeps them (topic config
