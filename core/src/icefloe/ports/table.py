@@ -17,11 +17,15 @@ Contract (executable form: ``icefloe.testing.table_contract``):
   index entry references them. ``expire(spec, older_than)`` drops old table history
   (snapshots/versions) but no data file.
 - ``drop(spec)`` removes the table's metadata; idempotent.
+- A table with a ``time_partition`` is partitioned by the Kafka partition *and* the hour or day
+  of the record timestamp. Every row of a data file then falls in the file's ``time_bucket``;
+  a file whose rows do not, or whose ``time_bucket`` is missing, is refused (``ValueError``).
 """
 
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -30,6 +34,27 @@ from icefloe.ports.base import Port, PortKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+
+class TimePartition(enum.StrEnum):
+    """A time transform of the record timestamp that partitions a table."""
+
+    HOUR = "hour"
+    DAY = "day"
+
+    @property
+    def millis(self) -> int:
+        return 3_600_000 if self is TimePartition.HOUR else 86_400_000
+
+    @property
+    def column(self) -> str:
+        """The partition column of formats that need one (Delta): ``timestamp_hour`` holds
+        the hour as a UTC timestamp, ``timestamp_day`` the day as a date."""
+        return f"timestamp_{self.value}"
+
+    def bucket(self, timestamp_ms: int) -> int:
+        """Hours (days) since the epoch of ``timestamp_ms``, as Iceberg's transform counts."""
+        return timestamp_ms // self.millis
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,8 @@ class TableSpec:
             (a Delta vacuum) never deletes it.
         partition_column: Column whose identity partitions the table.
         properties: Extra table properties.
+        time_partition: Whether the table is also partitioned by the hour or day of the
+            ``timestamp`` column.
     """
 
     namespace: str
@@ -56,6 +83,7 @@ class TableSpec:
     metadata_location: str
     partition_column: str = "partition"
     properties: Mapping[str, str] = field(default_factory=dict)
+    time_partition: TimePartition | None = None
 
     @property
     def identifier(self) -> str:
@@ -71,6 +99,8 @@ class DataFile:
     record_count: int
     partition: int
     modified_ms: int
+    time_bucket: int | None = None
+    """The hour (day) since the epoch of every row's timestamp, in a time-partitioned table."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +141,13 @@ class TableFormat(Port):
             raise ValueError("a commit may not add the same file twice")
         if set(paths) & set(removed):
             raise ValueError("a commit may not add and remove the same file")
+        timed = spec.time_partition is not None
+        if any((f.time_bucket is not None) != timed for f in added):
+            raise ValueError(
+                f"every file added to {spec.identifier} needs a time bucket"
+                if timed
+                else f"{spec.identifier} is not partitioned by time: files take no time bucket"
+            )
         return await self._commit(spec, sequence, list(added), list(removed))
 
     async def last_commit(self, spec: TableSpec) -> int:

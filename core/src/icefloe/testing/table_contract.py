@@ -19,6 +19,7 @@ Requires ``pip install 'icefloe[testing]'``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 import re
@@ -33,10 +34,10 @@ import pyarrow.parquet as pq
 import pytest
 import pytest_asyncio
 
-from icefloe.errors import AlreadyExistsError, NotFoundError
+from icefloe.errors import AlreadyExistsError, ConflictError, NotFoundError
 from icefloe.ports.base import PortKind
 from icefloe.ports.object_store import ObjectStore
-from icefloe.ports.table import DataFile, TableFormat, TableSpec
+from icefloe.ports.table import DataFile, TableFormat, TableSpec, TimePartition
 from icefloe.storage.row_schema import PARTITION, ROW_SCHEMA
 from icefloe.tables import layout
 from icefloe.testing.contract import Contract, open_backend
@@ -47,15 +48,18 @@ Row = tuple[int, int, bytes | None, bytes | None]
 BASE_TIME = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
 
 
-def make_rows(partition: int, offsets: Iterable[int]) -> pa.Table:
-    """Rows of :data:`ROW_SCHEMA` for one partition, with recognisable keys and values."""
+def make_rows(
+    partition: int, offsets: Iterable[int], base_time: datetime.datetime = BASE_TIME
+) -> pa.Table:
+    """Rows of :data:`ROW_SCHEMA` for one partition, with recognisable keys and values; row
+    ``o`` is stamped ``base_time`` plus ``7 * o`` microseconds."""
     offsets = list(offsets)
     n = len(offsets)
     return pa.table(
         {
             "partition": [partition] * n,
             "offset": offsets,
-            "timestamp": [BASE_TIME + datetime.timedelta(microseconds=7 * o) for o in offsets],
+            "timestamp": [base_time + datetime.timedelta(microseconds=7 * o) for o in offsets],
             "timestamp_type": [0] * n,
             "key": [None if o % 5 == 4 else f"k{partition}-{o}".encode() for o in offsets],
             "value": [f"value {partition}/{o}".encode() * 3 for o in offsets],
@@ -170,10 +174,16 @@ class TableFormatContract(Contract):
     # --- helpers ----------------------------------------------------------------------------
 
     async def write_file(
-        self, store: ObjectStore, spec: TableSpec, partition: int, offsets: Iterable[int]
+        self,
+        store: ObjectStore,
+        spec: TableSpec,
+        partition: int,
+        offsets: Iterable[int],
+        base_time: datetime.datetime = BASE_TIME,
     ) -> DataFile:
-        """Write one Parquet data file under the table root, as compaction would."""
-        rows = make_rows(partition, offsets)
+        """Write one Parquet data file under the table root, as compaction would; in a
+        time-partitioned table, with the time bucket of its first row."""
+        rows = make_rows(partition, offsets, base_time)
         key = layout.data_file(spec.identifier, partition, f"{uuid.uuid4()}.parquet")
         info = await store.put(key, parquet_bytes(rows), if_absent=True)
         return DataFile(
@@ -182,6 +192,11 @@ class TableFormatContract(Contract):
             record_count=rows.num_rows,
             partition=partition,
             modified_ms=int(info.modified * 1000),
+            time_bucket=(
+                spec.time_partition.bucket(rows.column("timestamp")[0].value // 1000)
+                if spec.time_partition is not None
+                else None
+            ),
         )
 
     async def rows(self, table_format: TableFormat, spec: TableSpec) -> list[Row]:
@@ -201,6 +216,80 @@ class TableFormatContract(Contract):
             info.key: await store.get(info.key)
             async for info in store.list(f"{root}/{spec.partition_column}=")
         }
+
+    # --- time partitioning -----------------------------------------------------------------
+
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize("unit", list(TimePartition))
+    async def test_a_time_partitioned_table_keeps_each_files_time_bucket(
+        self, table_format: TableFormat, store: ObjectStore, spec: TableSpec, unit: TimePartition
+    ) -> None:
+        timed = dataclasses.replace(spec, time_partition=unit)
+        await table_format.ensure_table(timed)
+        later = BASE_TIME + datetime.timedelta(milliseconds=unit.millis)
+        a = await self.write_file(store, timed, 0, range(3))
+        b = await self.write_file(store, timed, 0, range(3, 6), later)
+        c = await self.write_file(store, timed, 1, range(4), later)
+
+        await table_format.commit(timed, 1, [a, b, c])
+
+        bucket = unit.bucket(int(BASE_TIME.timestamp() * 1000))
+        assert sorted((f.partition, f.time_bucket) for f in await table_format.files(timed)) == [
+            (0, bucket),
+            (0, bucket + 1),
+            (1, bucket + 1),
+        ]
+        assert await self.rows(table_format, timed) == self.expected(
+            (0, range(3)), (0, range(3, 6)), (1, range(4))
+        )
+        await table_format.commit(timed, 2, [], [b.path])
+        assert {f.path for f in await table_format.files(timed)} == {a.path, c.path}
+
+    @pytest.mark.asyncio
+    async def test_a_file_whose_rows_span_two_hours_is_refused(
+        self, table_format: TableFormat, store: ObjectStore, spec: TableSpec
+    ) -> None:
+        timed = dataclasses.replace(spec, time_partition=TimePartition.HOUR)
+        await table_format.ensure_table(timed)
+        just_before = BASE_TIME - datetime.timedelta(microseconds=10)  # rows 0-1 | rows 2-3
+        straddling = await self.write_file(store, timed, 0, range(4), just_before)
+        with pytest.raises(ValueError, match="partition"):
+            await table_format.commit(timed, 1, [straddling])
+        assert await table_format.last_commit(timed) == 0
+        assert await table_format.files(timed) == []
+
+    @pytest.mark.asyncio
+    async def test_a_file_said_to_be_in_another_hour_is_refused(
+        self, table_format: TableFormat, store: ObjectStore, spec: TableSpec
+    ) -> None:
+        timed = dataclasses.replace(spec, time_partition=TimePartition.HOUR)
+        await table_format.ensure_table(timed)
+        a = await self.write_file(store, timed, 0, range(3))
+        assert a.time_bucket is not None
+        wrong = dataclasses.replace(a, time_bucket=a.time_bucket + 1)
+        with pytest.raises(ValueError, match="partition"):
+            await table_format.commit(timed, 1, [wrong])
+        assert await table_format.last_commit(timed) == 0
+
+    @pytest.mark.asyncio
+    async def test_files_without_a_time_bucket_are_refused_by_a_time_partitioned_table(
+        self, table_format: TableFormat, store: ObjectStore, spec: TableSpec
+    ) -> None:
+        timed = dataclasses.replace(spec, time_partition=TimePartition.DAY)
+        await table_format.ensure_table(timed)
+        a = await self.write_file(store, timed, 0, range(3))
+        with pytest.raises(ValueError, match="time bucket"):
+            await table_format.commit(timed, 1, [dataclasses.replace(a, time_bucket=None)])
+
+    @pytest.mark.asyncio
+    async def test_ensure_table_refuses_a_table_partitioned_otherwise(
+        self, table_format: TableFormat, spec: TableSpec
+    ) -> None:
+        await table_format.ensure_table(spec)
+        with pytest.raises(ConflictError, match="partitioned by"):
+            await table_format.ensure_table(
+                dataclasses.replace(spec, time_partition=TimePartition.HOUR)
+            )
 
     # --- ensure_table -----------------------------------------------------------------------
 

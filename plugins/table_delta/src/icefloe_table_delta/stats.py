@@ -75,6 +75,27 @@ def stats_json(metadata: pq.FileMetaData) -> str:
     return json.dumps(stats, separators=(",", ":"))
 
 
+def timestamp_range_ms(metadata: pq.FileMetaData, name: str) -> tuple[int, int] | None:
+    """(min, max) of the timestamp column ``name`` in milliseconds, from the row groups'
+    statistics; ``None`` if a row group has none."""
+    column = _column_index(metadata, name)
+    if column is None or metadata.num_row_groups == 0:
+        return None
+    chunks = [
+        metadata.row_group(g).column(column).statistics for g in range(metadata.num_row_groups)
+    ]
+    if any(s is None or not s.has_min_max for s in chunks):
+        return None
+    low = min(s.min for s in chunks)
+    high = max(s.max for s in chunks)
+    return _epoch_ms(low), _epoch_ms(high)
+
+
+def _epoch_ms(value: datetime.datetime) -> int:
+    delta = value.astimezone(datetime.UTC) - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    return delta // datetime.timedelta(milliseconds=1)
+
+
 def _column_index(metadata: pq.FileMetaData, name: str) -> int | None:
     for i in range(metadata.num_columns):
         if metadata.schema.column(i).path == name:

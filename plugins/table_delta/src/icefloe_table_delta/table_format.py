@@ -26,6 +26,7 @@ from icefloe.errors import ConfigError, NotFoundError, StorageError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import CommitResult, DataFile, TableFormat, TableInfo, TableSpec
+from icefloe.storage.row_schema import TIMESTAMP
 from icefloe_table_delta.options import DeltaTableFormatOptions
 
 if TYPE_CHECKING:
@@ -109,7 +110,13 @@ class DeltaTableFormat(TableFormat):
 
     async def _stats(self, spec: TableSpec, data_file: DataFile) -> str:
         """The file's Delta statistics, from its footer; checks it matches ``data_file``."""
-        from icefloe_table_delta.stats import TAIL_BYTES, footer_length, read_footer, stats_json
+        from icefloe_table_delta.stats import (
+            TAIL_BYTES,
+            footer_length,
+            read_footer,
+            stats_json,
+            timestamp_range_ms,
+        )
 
         key = f"{self._key_of(spec.location)}/{data_file.path}"
         start = max(0, data_file.size - TAIL_BYTES)
@@ -128,6 +135,16 @@ class DeltaTableFormat(TableFormat):
                 f"{data_file.path} holds {footer.num_rows} rows, "
                 f"but the commit says {data_file.record_count}"
             )
+        unit = spec.time_partition
+        if unit is not None:
+            # Delta trusts partitionValues as given: check them against the rows here.
+            span = timestamp_range_ms(footer, TIMESTAMP)
+            buckets = {unit.bucket(ms) for ms in span} if span else set()
+            if buckets != {data_file.time_bucket}:
+                raise ValueError(
+                    f"{data_file.path} holds rows of the {unit} partitions {sorted(buckets)}, "
+                    f"but the commit says {unit} partition {data_file.time_bucket}"
+                )
         return stats_json(footer)
 
     def _key_of(self, url: str) -> str:

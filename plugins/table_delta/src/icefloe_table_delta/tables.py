@@ -13,10 +13,14 @@ Everything here runs on the adapter's thread pool. What each constraint is for:
   that read came from, with no commit retries: if another writer committed in between, the
   commit fails instead of being rebased on top (which would apply the same sequence twice).
 - Data files are never vacuumed: only Icefloe deletes them (Iceberg may still use them).
+- A time-partitioned table has one more partition column, ``timestamp_hour`` (a UTC
+  timestamp) or ``timestamp_day`` (a date), which exists in the log only: Delta has no
+  partition transforms, so the value is written as a column of its own.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 import time
 from typing import Final
@@ -27,7 +31,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from icefloe.errors import AlreadyExistsError, ConflictError, NotFoundError
-from icefloe.ports.table import CommitResult, DataFile, TableInfo, TableSpec
+from icefloe.ports.table import CommitResult, DataFile, TableInfo, TableSpec, TimePartition
 from icefloe_table_delta.errors import translated
 
 APP_ID: Final = "icefloe"
@@ -36,6 +40,7 @@ SEQUENCE_METADATA: Final = "icefloe.commit-sequence"
 """Commit-info key repeating the sequence, for people reading the history."""
 RETENTION_PROPERTY: Final = "delta.logRetentionDuration"
 DELTA_DEFAULT_RETENTION: Final = "interval 30 days"
+EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 _UNIT_MS: Final = {
     "millisecond": 1,
@@ -69,9 +74,9 @@ class DeltaTables:
                 try:
                     DeltaTable.create(
                         spec.location,
-                        schema=spec.schema,  # non-null Arrow fields become non-nullable
+                        schema=_schema(spec),  # non-null Arrow fields become non-nullable
                         mode="ignore",
-                        partition_by=[spec.partition_column],
+                        partition_by=_partition_columns(spec),
                         name=spec.name,
                         configuration={**spec.properties, RETENTION_PROPERTY: self._log_retention},
                         storage_options=self._storage,
@@ -82,10 +87,10 @@ class DeltaTables:
                         raise
             table = self._open(spec)
             partitioning = table.metadata().partition_columns
-            if partitioning != [spec.partition_column]:
+            if partitioning != _partition_columns(spec):
                 raise ConflictError(
                     f"Delta table {spec.location} is partitioned by {partitioning}, "
-                    f"not by [{spec.partition_column!r}]"
+                    f"not by {_partition_columns(spec)}"
                 )
             return TableInfo(spec.identifier, spec.location, None)
 
@@ -112,12 +117,11 @@ class DeltaTables:
             if missing := sorted(path for path in removed if path not in live):
                 raise NotFoundError(f"{spec.location} does not reference {', '.join(missing)}")
             now_ms = int(time.time() * 1000)
-            column = spec.partition_column
             actions: list[AddAction | RemoveAction] = [
                 AddAction(
                     path=f.path,
                     size=f.size,
-                    partition_values={column: str(f.partition)},
+                    partition_values=_partition_values(spec, f),
                     modification_time=f.modified_ms,
                     data_change=True,
                     stats=stats[f.path],
@@ -130,7 +134,7 @@ class DeltaTables:
                     data_change=True,
                     deletion_timestamp=now_ms,
                     size=live[path].size,
-                    partition_values={column: str(live[path].partition)},
+                    partition_values=_partition_values(spec, live[path]),
                 )
                 for path in removed
             ]
@@ -138,7 +142,7 @@ class DeltaTables:
                 actions,
                 mode="append",
                 schema=table.schema(),  # the table's own: a commit never alters the schema
-                partition_by=[column],
+                partition_by=_partition_columns(spec),
                 commit_properties=CommitProperties(
                     custom_metadata={SEQUENCE_METADATA: sequence},
                     max_commit_retries=0,
@@ -173,17 +177,62 @@ class DeltaTables:
                 table.cleanup_metadata()
 
 
+def _schema(spec: TableSpec) -> pa.Schema:
+    """The table's schema: the rows', plus the time partition column if there is one."""
+    unit = spec.time_partition
+    if unit is None:
+        return spec.schema
+    kind = pa.timestamp("us", tz="UTC") if unit is TimePartition.HOUR else pa.date32()
+    return spec.schema.append(pa.field(unit.column, kind, nullable=False))
+
+
+def _partition_columns(spec: TableSpec) -> list[str]:
+    unit = spec.time_partition
+    return [spec.partition_column] + ([unit.column] if unit is not None else [])
+
+
+def _partition_values(spec: TableSpec, data_file: DataFile) -> dict[str, str | None]:
+    """A file's Delta ``partitionValues`` (timestamps and dates as the protocol writes them)."""
+    values: dict[str, str | None] = {spec.partition_column: str(data_file.partition)}
+    unit = spec.time_partition
+    if unit is not None:
+        assert data_file.time_bucket is not None  # the port checks it
+        start = EPOCH + datetime.timedelta(milliseconds=data_file.time_bucket * unit.millis)
+        text = start.strftime("%Y-%m-%d %H:%M:%S.%f" if unit is TimePartition.HOUR else "%Y-%m-%d")
+        values[unit.column] = text
+    return values
+
+
+def _time_bucket(spec: TableSpec, value: datetime.date | None) -> int | None:
+    """The bucket of a partition value read back from the log (a datetime or a date)."""
+    unit = spec.time_partition
+    if unit is None or value is None:
+        return None
+    if not isinstance(value, datetime.datetime):
+        value = datetime.datetime.combine(value, datetime.time(), datetime.UTC)
+    return unit.bucket((value - EPOCH) // datetime.timedelta(milliseconds=1))
+
+
 def _live_files(table: DeltaTable, spec: TableSpec) -> dict[str, DataFile]:
     actions = pa.table(table.get_add_actions(flatten=True))
     partitions = actions.column(f"partition.{spec.partition_column}").to_pylist()
+    unit = spec.time_partition
+    buckets = (
+        actions.column(f"partition.{unit.column}").to_pylist()
+        if unit is not None
+        else [None] * actions.num_rows
+    )
     return {
-        path: DataFile(path, size, records or 0, int(partition), modified)
-        for path, size, records, partition, modified in zip(
+        path: DataFile(
+            path, size, records or 0, int(partition), modified, _time_bucket(spec, bucket)
+        )
+        for path, size, records, partition, modified, bucket in zip(
             actions.column("path").to_pylist(),
             actions.column("size_bytes").to_pylist(),
             actions.column("num_records").to_pylist(),
             partitions,
             actions.column("modification_time").to_pylist(),
+            buckets,
             strict=True,
         )
     }

@@ -9,7 +9,8 @@ Everything here runs on the adapter's thread pool. What each constraint is for:
   (``schema.name-mapping.default``); every reader (pyiceberg, DuckDB, Spark, Trino) resolves
   columns through it.
 - The partition value of an added file is derived from the statistics of its ``partition``
-  column (min = max), which is why that column stays inside the file.
+  column (min = max), which is why that column stays inside the file; a time-partitioned
+  table's hour or day from those of ``timestamp``.
 - The commit sequence is a table property written in the *same* metadata commit as the
   snapshot, so "files registered" and "sequence recorded" are one atomic fact; the snapshot
   summary carries it too, for people reading the history.
@@ -24,7 +25,7 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Iterator, Mapping
-from typing import Final
+from typing import Any, Final
 
 from pyiceberg.catalog import Catalog as PyIcebergCatalog
 from pyiceberg.exceptions import (
@@ -38,9 +39,11 @@ from pyiceberg.manifest import DataFile as IcebergDataFile
 from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.transforms import DayTransform, HourTransform, Transform
 
 from icefloe.errors import AlreadyExistsError, ConflictError, NotFoundError
-from icefloe.ports.table import CommitResult, DataFile, TableInfo, TableSpec
+from icefloe.ports.table import CommitResult, DataFile, TableInfo, TableSpec, TimePartition
+from icefloe.storage.row_schema import TIMESTAMP
 from icefloe_table_iceberg.errors import translated
 
 SEQUENCE_PROPERTY: Final = "icefloe.commit-sequence"
@@ -87,6 +90,8 @@ def _create(catalog: PyIcebergCatalog, spec: TableSpec) -> Table:
     )
     with txn.update_spec() as update:
         update.add_identity(spec.partition_column)
+        if spec.time_partition is not None:
+            update.add_field(TIMESTAMP, _transform(spec), spec.time_partition.column)
     mapping = txn.table_metadata.schema().name_mapping
     txn.set_properties({"schema.name-mapping.default": mapping.model_dump_json()})
     try:
@@ -100,14 +105,20 @@ def _check_matches(table: Table, spec: TableSpec) -> None:
         raise ConflictError(
             f"Iceberg table {spec.identifier} exists at {table.location()}, not at {spec.location}"
         )
-    fields = table.spec().fields
     schema = table.schema()
-    sources = [schema.find_column_name(f.source_id) for f in fields]
-    if sources != [spec.partition_column] or str(fields[0].transform) != "identity":
+    found = [(schema.find_column_name(f.source_id), str(f.transform)) for f in table.spec().fields]
+    wanted = [(spec.partition_column, "identity")]
+    if spec.time_partition is not None:
+        wanted.append((TIMESTAMP, str(spec.time_partition)))
+    if found != wanted:
+        described = ", ".join(f"{transform}({column})" for column, transform in wanted)
         raise ConflictError(
-            f"Iceberg table {spec.identifier} is partitioned by {table.spec()}, "
-            f"not by identity({spec.partition_column})"
+            f"Iceberg table {spec.identifier} is partitioned by {table.spec()}, not by {described}"
         )
+
+
+def _transform(spec: TableSpec) -> Transform[Any, Any]:
+    return HourTransform() if spec.time_partition is TimePartition.HOUR else DayTransform()
 
 
 def table_info(table: Table, spec: TableSpec) -> TableInfo:
@@ -196,13 +207,21 @@ def _describe(
     for column statistics and derives the partition from the partition column's min/max.
     """
     with _quiet_about_missing_statistics():
-        described = parquet_file_to_data_file(io, metadata, url)
-    found = (described.record_count, described.partition[0])
-    expected = (data_file.record_count, data_file.partition)
+        try:
+            described = parquet_file_to_data_file(io, metadata, url)
+        except ValueError as exc:  # rows of several partitions (hours, days) in one file
+            raise ValueError(f"{url} does not fit one partition of the table: {exc}") from exc
+    found = [
+        described.record_count,
+        *(described.partition[i] for i in range(len(described.partition))),
+    ]
+    expected = [data_file.record_count, data_file.partition]
+    if data_file.time_bucket is not None:
+        expected.append(data_file.time_bucket)
     if found != expected:
         raise ValueError(
-            f"{url} holds {found[0]} rows of partition {found[1]}, "
-            f"but the commit says {expected[0]} rows of partition {expected[1]}"
+            f"{url} holds {found[0]} rows of partition {found[1:]}, "
+            f"but the commit says {expected[0]} rows of partition {expected[1:]}"
         )
     return described
 
@@ -237,6 +256,7 @@ def list_files(table: Table, spec: TableSpec) -> list[DataFile]:
             record_count=f.record_count,
             partition=int(f.partition[0]),
             modified_ms=0,
+            time_bucket=int(f.partition[1]) if len(f.partition) > 1 else None,
         )
         for f, _ in _live_entries(table)
     ]
