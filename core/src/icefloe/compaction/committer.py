@@ -49,11 +49,10 @@ from icefloe.ports.compaction import (
 )
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore, Record
 from icefloe.ports.object_store import ObjectStore
-from icefloe.ports.table import DataFile, TableFormat, TableSpec
+from icefloe.ports.table import DataFile, TableFormat, TableSpec, TimePartition
 from icefloe.storage import counters, index, keys
 from icefloe.storage.index import IndexEntry, ParquetLocation
-from icefloe.storage.offset_index import OffsetIndex
-from icefloe.table_names import TableName
+from icefloe.storage.offset_index import NewPiece, OffsetIndex
 from icefloe.tables import layout
 
 log = logging.getLogger(__name__)
@@ -111,6 +110,7 @@ class TaskRecord:
                 self.task.task_id,
                 [asdict(r) for r in self.task.ranges],
                 [list(p) for p in self.task.output_paths],
+                [[s, str(unit)] for s, unit in self.task.time_partitions],
             ],
             "streams": [
                 [s.topic, s.partition, s.stream_id, s.replaced, s.retired] for s in self.streams
@@ -126,11 +126,12 @@ class TaskRecord:
     @classmethod
     def decode(cls, record: Record) -> TaskRecord:
         p = msgpack.unpackb(record.value, raw=False)
-        task_id, ranges, outputs = p["task"]
+        task_id, ranges, outputs, *rest = p["task"]  # time partitions: absent in old records
         task = CompactionTask(
             task_id,
             tuple(_stream_range(r) for r in ranges),
             tuple((int(s), str(k)) for s, k in outputs),
+            tuple((int(s), TimePartition(unit)) for s, unit in (rest[0] if rest else ())),
         )
         files = None
         if p["files"] is not None:
@@ -173,7 +174,7 @@ class Committer:
         store: ObjectStore,
         engine: CompactionEngine,
         table_formats: Sequence[TableFormat],
-        table_name: Callable[[str], TableName],
+        table_spec: Callable[[str], TableSpec],
         *,
         expire_every: int,
         history_ms: Callable[[str], int],
@@ -183,8 +184,8 @@ class Committer:
         self._store = store
         self._engine = engine
         self._table_formats = list(table_formats)
-        self._table_name = table_name
-        """The identifier of a topic's table, by topic name."""
+        self._table_spec = table_spec
+        """A topic's table, by topic name."""
         self._expire_every = expire_every
         self._history_ms = history_ms
         """How long a topic's table history (and its retired files) is kept."""
@@ -281,6 +282,7 @@ class Committer:
                     f.record_count,
                     stream.partition,
                     now_ms,
+                    f.time_bucket,
                 )
             )
         for stream in record.streams:
@@ -306,15 +308,21 @@ class Committer:
 
     async def _swap(self, record: TaskRecord, stream: TaskStream) -> None:
         assert record.files is not None
-        file = next(f for f in record.files if f.stream_id == stream.stream_id)
-        swapped = await self._offsets.swap(
-            stream.replaced,
-            ParquetLocation(file.path, file.size, file.row_groups),
-            start_offset=file.start_offset,
-            min_timestamp=file.min_timestamp,
-            max_timestamp=file.max_timestamp,
+        files = sorted(
+            (f for f in record.files if f.stream_id == stream.stream_id),
+            key=lambda f: f.start_offset,
         )
-        if not swapped:
+        pieces = [
+            NewPiece(
+                ParquetLocation(f.path, f.size, f.row_groups),
+                f.start_offset,
+                f.end_offset,
+                f.min_timestamp,
+                f.max_timestamp,
+            )
+            for f in files
+        ]
+        if not await self._offsets.swap(stream.replaced, pieces):
             log.warning(
                 "stream %d changed under compaction (topic deleted?); skipping", stream.stream_id
             )
@@ -355,7 +363,7 @@ class Committer:
 
     def table_spec(self, topic: str) -> TableSpec:
         """The table of ``topic`` in this cluster's object store."""
-        return layout.table_spec(self._store, self._table_name(topic), topic)
+        return self._table_spec(topic)
 
 
 def _retired_files(kind: TaskKind, entries: Sequence[IndexEntry]) -> list[str]:

@@ -26,7 +26,7 @@ from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import NotFoundError
 from icefloe.ports.compaction import CompactionTask, Source, StreamRange
 from icefloe.ports.object_store import ObjectStore
-from icefloe.ports.table import TableFormat
+from icefloe.ports.table import TableFormat, TimePartition
 from icefloe.storage.index import IndexEntry, ParquetLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.tables import layout
@@ -36,6 +36,7 @@ from icefloe.topics.configs import (
     REWRITE_MIN_FILES_CONFIG,
     REWRITE_TARGET_CONFIG,
     TABLE_RETENTION_CONFIG,
+    time_partition,
 )
 from icefloe.topics.registry import Topic
 
@@ -78,33 +79,52 @@ async def plan_rewrite(
         target = min(settings.rewrite_target_bytes, options.max_task_bytes)
         if target <= 0:
             continue
+        unit = time_partition(topic.configs)
         for partition, stream_id in enumerate(topic.streams):
-            run = await small_run(index.entries(stream_id), target, settings.rewrite_min_files)
+            entries = index.entries(stream_id)
+            run = await small_run(entries, target, settings.rewrite_min_files, unit)
             if run:
-                return _rewrite_plan(StreamPlan(topic.name, partition, stream_id, run))
+                return _rewrite_plan(StreamPlan(topic.name, partition, stream_id, run), unit)
     return None
 
 
 async def small_run(
-    entries: AsyncIterable[IndexEntry], target_bytes: int, min_files: int
+    entries: AsyncIterable[IndexEntry],
+    target_bytes: int,
+    min_files: int,
+    unit: TimePartition | None = None,
 ) -> tuple[IndexEntry, ...]:
     """The first run of a stream's ``entries`` (in offset order) worth merging, or ``()``.
 
     A run is at least ``min_files`` consecutive small data files, at most ``target_bytes`` in
     all, none of them more than half the run. The last rule keeps merging tiered: a merged file
     is merged again only with as many bytes of newer files, so each byte is rewritten about
-    log2(target / small file) times, not once per merge.
+    log2(target / small file) times, not once per merge. With a time ``unit``, a run's files
+    are all of one hour (day), as the table's partitions are.
     """
-    group: list[IndexEntry] = []  # consecutive small data files
+    group: list[IndexEntry] = []  # consecutive small data files (of one hour or day)
     async for entry in entries:
         small = not entry.in_wal and entry.size < target_bytes * SMALL_FRACTION
-        if small and group and entry.start == group[-1].end and len(group) < MAX_GROUP:
+        small = small and _bucket(entry, unit) != SPANNING  # such a file has no partition
+        joins = bool(group) and entry.start == group[-1].end and len(group) < MAX_GROUP
+        if small and joins and _bucket(group[-1], unit) == _bucket(entry, unit):
             group.append(entry)
             continue
         if run := _best_run(group, target_bytes, min_files):
             return run
         group = [entry] if small else []
     return _best_run(group, target_bytes, min_files)
+
+
+def _bucket(entry: IndexEntry, unit: TimePartition | None) -> int | None:
+    """The hour (day) of every record of ``entry``, or :data:`SPANNING`."""
+    if unit is None:
+        return None
+    first, last = unit.bucket(entry.min_timestamp), unit.bucket(entry.max_timestamp)
+    return first if first == last else SPANNING
+
+
+SPANNING: Final = -(2**63)
 
 
 MAX_GROUP: Final = 10_000
@@ -131,7 +151,7 @@ def _best_run(
     return ()
 
 
-def _rewrite_plan(stream: StreamPlan) -> Plan:
+def _rewrite_plan(stream: StreamPlan, unit: TimePartition | None) -> Plan:
     ranges = []
     for entry in stream.entries:
         location = entry.location
@@ -150,7 +170,8 @@ def _rewrite_plan(stream: StreamPlan) -> Plan:
         )
     name = f"{stream.start:020d}-{stream.end:020d}.parquet"
     output = layout.data_file(stream.topic, stream.partition, name)
-    task = CompactionTask(uuid.uuid4().hex, tuple(ranges), ((stream.stream_id, output),))
+    split = ((stream.stream_id, unit),) if unit is not None else ()
+    task = CompactionTask(uuid.uuid4().hex, tuple(ranges), ((stream.stream_id, output),), split)
     return Plan(task, (stream,), TaskKind.REWRITE)
 
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from icefloe.config.compactor import CompactorOptions
 from icefloe.ports.compaction import CompactionTask, StreamRange
+from icefloe.ports.table import TimePartition
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.tables import layout
-from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG
+from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, time_partition
 from icefloe.topics.registry import Topic
 
 
@@ -71,6 +72,7 @@ async def plan_task(
     """The next task, or ``None`` when nothing is due. ``force`` ignores ages and sizes."""
     budget = options.max_task_bytes
     chosen: list[StreamPlan] = []
+    units = {t.name: unit for t in topics if (unit := time_partition(t.configs)) is not None}
     for topic in topics:
         for partition, stream_id in enumerate(topic.streams):
             wal_entries = [e async for e in index.entries(stream_id) if e.in_wal]
@@ -79,8 +81,8 @@ async def plan_task(
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
             if budget <= 0:
-                return _plan(chosen)
-    return _plan(chosen) if chosen else None
+                return _plan(chosen, units)
+    return _plan(chosen, units) if chosen else None
 
 
 def _due(
@@ -109,7 +111,7 @@ def _due(
     return taken
 
 
-def _plan(streams: list[StreamPlan]) -> Plan:
+def _plan(streams: list[StreamPlan], units: Mapping[str, TimePartition]) -> Plan:
     task_id = uuid.uuid4().hex
     ranges = []
     outputs = []
@@ -130,4 +132,5 @@ def _plan(streams: list[StreamPlan]) -> Plan:
             )
         name = f"{s.start:020d}-{s.end:020d}.parquet"
         outputs.append((s.stream_id, layout.data_file(s.topic, s.partition, name)))
-    return Plan(CompactionTask(task_id, tuple(ranges), tuple(outputs)), tuple(streams))
+    split = tuple((s.stream_id, units[s.topic]) for s in streams if s.topic in units)
+    return Plan(CompactionTask(task_id, tuple(ranges), tuple(outputs), split), tuple(streams))

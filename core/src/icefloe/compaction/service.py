@@ -26,9 +26,10 @@ from icefloe.keyspace import COMPACTION
 from icefloe.ports.base import OpenContext
 from icefloe.ports.compaction import CompactionEngine
 from icefloe.ports.metadata import MUST_NOT_EXIST
-from icefloe.ports.table import TableFormat
+from icefloe.ports.table import TableFormat, TableSpec
 from icefloe.storage.engine import StreamStorage
-from icefloe.table_names import TableName
+from icefloe.tables import layout
+from icefloe.topics.configs import time_partition
 from icefloe.topics.registry import Topic, TopicRegistry
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class Compactor:
             storage.object_store,
             engine,
             list(table_formats.values()),
-            self._table_name,
+            self._table_spec,
             expire_every=options.expire_every_commits,
             history_ms=self._history_ms,
         )
@@ -225,11 +226,12 @@ class Compactor:
         record = await self.committer.finish(await self.committer.start(plan))
         return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
 
-    def _table_name(self, topic_name: str) -> TableName:
+    def _table_spec(self, topic_name: str) -> TableSpec:
         topic = self.topics.get_cached(topic_name)
-        if topic is None:  # deleted meanwhile: its table keeps the cluster's naming
-            return self.topics.table_name_of(topic_name, {})
-        return self.topics.table_name(topic)
+        configs = topic.configs if topic is not None else {}  # deleted meanwhile
+        name = self.topics.table_name_of(topic_name, configs)
+        store = self.storage.object_store
+        return layout.table_spec(store, name, topic_name, time_partition(configs))
 
     def _history_ms(self, topic_name: str) -> int:
         topic = self.topics.get_cached(topic_name)

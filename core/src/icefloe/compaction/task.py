@@ -11,9 +11,11 @@ process that planned the task.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -21,8 +23,15 @@ import pyarrow.parquet as pq
 from icefloe import config as configuration
 from icefloe.errors import CorruptDataError
 from icefloe.ports.base import OpenContext
-from icefloe.ports.compaction import CompactionTask, Source, StreamRange, WrittenFile
+from icefloe.ports.compaction import (
+    CompactionTask,
+    Source,
+    StreamRange,
+    WrittenFile,
+    piece_path,
+)
 from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import TimePartition
 from icefloe.ports.wal import WAL
 from icefloe.storage.batch import read_header
 from icefloe.storage.parquet import RowBuilder, encode_parquet
@@ -32,7 +41,8 @@ Pieces = list[tuple[StreamRange, memoryview]]
 
 
 async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[WrittenFile]:
-    """Run ``task``: one GET per source, one Parquet file per stream."""
+    """Run ``task``: one GET per source; one Parquet file per stream, or per run of records in
+    one hour (day) for a stream split by time."""
     pieces: dict[int, Pieces] = defaultdict(list)
     for ref in task.refs():
         ranges = [r for r in task.ranges if r.ref == ref]
@@ -44,25 +54,30 @@ async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[Wr
         for r in ranges:
             pieces[r.stream_id].append((r, wal_object[r.byte_start : r.byte_end]))
     outputs = dict(task.output_paths)
+    units = dict(task.time_partitions)
     written = []
     for stream_id, stream_pieces in sorted(pieces.items()):
         stream_pieces.sort(key=lambda piece: piece[0].start_offset)
         if len({r.source for r, _ in stream_pieces}) != 1:
             raise ValueError(f"stream {stream_id}: a task may not mix WAL and Parquet sources")
-        encode = _merge_files if stream_pieces[0][0].source is Source.PARQUET else _encode_stream
-        parquet, facts = await asyncio.to_thread(encode, stream_id, stream_pieces)
-        await store.put(outputs[stream_id], parquet)
-        written.append(
-            WrittenFile(task.task_id, stream_id, outputs[stream_id], len(parquet), **facts)
-        )
+        rows = _merge_files if stream_pieces[0][0].source is Source.PARQUET else _decode_chunks
+        table = await asyncio.to_thread(rows, stream_id, stream_pieces)
+        unit = units.get(stream_id)
+        for run in _runs(table, unit):
+            parquet, facts = await asyncio.to_thread(_encode, run)
+            path = outputs[stream_id]
+            if unit is not None:
+                path = piece_path(path, facts["start_offset"], facts["end_offset"])
+                facts["time_bucket"] = unit.bucket(facts["min_timestamp"])
+            await store.put(path, parquet)
+            written.append(WrittenFile(task.task_id, stream_id, path, len(parquet), **facts))
     return written
 
 
-def _encode_stream(stream_id: int, pieces: Pieces) -> tuple[bytes, dict[str, Any]]:
-    """Decode a stream's chunks (in offset order) and encode them as one Parquet file."""
+def _decode_chunks(stream_id: int, pieces: Pieces) -> pa.Table:
+    """A stream's rows from its WAL chunks (in offset order)."""
     builder = RowBuilder(pieces[0][0].partition)
     expected = pieces[0][0].start_offset
-    min_ts, max_ts = 2**63 - 1, -(2**63)
     for r, chunk in pieces:
         if r.start_offset != expected:
             raise CorruptDataError(
@@ -73,8 +88,6 @@ def _encode_stream(stream_id: int, pieces: Pieces) -> tuple[bytes, dict[str, Any
         while position < len(chunk):
             header = read_header(chunk, position)
             builder.add_batch(chunk[position : position + header.size], offset)
-            min_ts = min(min_ts, header.base_timestamp)
-            max_ts = max(max_ts, header.max_timestamp)
             offset += header.last_offset_delta + 1
             position += header.size
         if offset != r.end_offset:
@@ -82,20 +95,11 @@ def _encode_stream(stream_id: int, pieces: Pieces) -> tuple[bytes, dict[str, Any
                 f"stream {stream_id}: chunk holds offsets up to {offset}, index says {r.end_offset}"
             )
         expected = r.end_offset
-    data, groups = encode_parquet(builder.table())
-    facts = {
-        "record_count": builder.rows,
-        "start_offset": pieces[0][0].start_offset,
-        "end_offset": expected,
-        "row_groups": tuple((g.first, g.last) for g in groups),
-        "min_timestamp": min_ts,
-        "max_timestamp": max_ts,
-    }
-    return data, facts
+    return builder.table()
 
 
-def _merge_files(stream_id: int, pieces: Pieces) -> tuple[bytes, dict[str, Any]]:
-    """Concatenate a stream's consecutive data files (in offset order) into one."""
+def _merge_files(stream_id: int, pieces: Pieces) -> pa.Table:
+    """A stream's rows from its consecutive data files (in offset order)."""
     tables = []
     expected = pieces[0][0].start_offset
     for r, source in pieces:
@@ -113,13 +117,34 @@ def _merge_files(stream_id: int, pieces: Pieces) -> tuple[bytes, dict[str, Any]]
             )
         tables.append(table)
         expected = r.end_offset
-    merged = pa.concat_tables(tables)
-    data, groups = encode_parquet(merged)
-    timestamps = pc.min_max(merged.column(TIMESTAMP).cast(pa.int64()))
+    return pa.concat_tables(tables)
+
+
+def _runs(table: pa.Table, unit: TimePartition | None) -> list[pa.Table]:
+    """``table`` cut wherever the hour (day) of the timestamp changes; whole without a unit.
+
+    Records keep their offset order, so a run may end inside a producer's batch: the two parts
+    are read back as two batches with the batch's base offset, as Kafka serves a batch that
+    log compaction thinned out.
+    """
+    if unit is None or table.num_rows == 0:
+        return [table]
+    millis = table.column(TIMESTAMP).cast(pa.int64()).to_numpy() // 1000
+    buckets = millis // unit.millis
+    cuts = (np.flatnonzero(buckets[1:] != buckets[:-1]) + 1).tolist()
+    bounds = [0, *cuts, table.num_rows]
+    return [table.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
+
+
+def _encode(table: pa.Table) -> tuple[bytes, dict[str, Any]]:
+    """One data file of ``table`` (a stream's consecutive records) and its facts."""
+    data, groups = encode_parquet(table)
+    offsets = table.column(OFFSET)
+    timestamps = pc.min_max(table.column(TIMESTAMP).cast(pa.int64()))
     facts = {
-        "record_count": merged.num_rows,
-        "start_offset": pieces[0][0].start_offset,
-        "end_offset": expected,
+        "record_count": table.num_rows,
+        "start_offset": offsets[0].as_py(),
+        "end_offset": offsets[-1].as_py() + 1,
         "row_groups": tuple((g.first, g.last) for g in groups),
         "min_timestamp": timestamps["min"].as_py() // 1000,  # µs → ms
         "max_timestamp": timestamps["max"].as_py() // 1000,

@@ -9,6 +9,10 @@ Contract (executable form: ``icefloe.testing.compaction_contract``):
   (table maintenance merging small files); one stream's ranges all come from one kind.
   Running a task twice writes the same file contents to the same paths (tasks are
   deterministic), so a retried or speculative execution is harmless.
+- A stream the task names in ``time_partitions`` is split wherever the hour (day) of the record
+  timestamp changes, in offset order: each run of records becomes a file of its own, named
+  ``<folder of the stream's path>/<start offset>-<end offset>.parquet`` (20 digits each), and
+  carries its ``time_bucket``. A stream written whole goes to its path.
 - The engine holds no state between calls; a failed task raises and writes no index entry.
 """
 
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from icefloe.ports.base import Port, PortKind
+from icefloe.ports.table import TimePartition
 
 
 class Source(enum.StrEnum):
@@ -54,6 +59,8 @@ class CompactionTask:
     ranges: tuple[StreamRange, ...]
     output_paths: tuple[tuple[int, str], ...]
     """``(stream_id, object key)`` of the Parquet file to write for each stream."""
+    time_partitions: tuple[tuple[int, TimePartition], ...] = ()
+    """``(stream_id, hour or day)`` of the streams whose files split by record time."""
 
     def refs(self) -> list[str]:
         """The sources the task reads (WAL objects or data files), each once, in first-use
@@ -75,6 +82,14 @@ class WrittenFile:
     """``(first offset, last offset)`` of each row group."""
     min_timestamp: int
     max_timestamp: int
+    time_bucket: int | None = None
+    """The hour (day) since the epoch of every record, for a stream split by time."""
+
+
+def piece_path(path: str, start_offset: int, end_offset: int) -> str:
+    """Where one run of a stream split by time goes, beside the stream's ``path``."""
+    folder = path.rpartition("/")[0]
+    return f"{folder}/" * bool(folder) + f"{start_offset:020d}-{end_offset:020d}.parquet"
 
 
 class CompactionEngine(Port):

@@ -9,11 +9,12 @@ or a compacted Parquet file. Four operations change it, and each keeps these inv
 - **append** (the WAL writer, after the WAL object is durable): the store assigns the key, end
   offset and cumulative size atomically, so offsets strictly increase, with no gap and no
   overlap (invariant 1), and an entry exists only for durable bytes (invariant 3).
-- **swap** (the compaction committer): consecutive entries are replaced by one Parquet entry
-  over the same offsets. It takes the key of the *last* entry it replaces (same end offset,
-  same cumulative size), then the others are deleted from the last to the first, so that a
-  look-up of any offset always finds an entry that holds it, before, during and after the
-  swap (invariant 4: consumers read the same records).
+- **swap** (the compaction committer): consecutive entries are replaced by Parquet entries
+  over the same offsets (one, or one per hour or day of a time-partitioned table). The last
+  takes the key of the *last* entry it replaces (same end offset, same cumulative size), then
+  the others are deleted from the last to the first, so that a look-up of any offset always
+  finds an entry that holds it, before, during and after the swap (invariant 4: consumers read
+  the same records).
 - **expire** (retention): entries leave from the front only, oldest first, and never the last
   one, which carries the log end offset (it never goes back).
 - **drop** (deleting a stream): every entry goes; the stream's WAL objects become orphans.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from icefloe.errors import ConflictError
@@ -80,19 +82,16 @@ class OffsetIndex:
         self._reader.remember(entry, record.version)
         return entry
 
-    async def swap(
-        self,
-        replaced: Sequence[str],
-        location: ParquetLocation,
-        *,
-        start_offset: int,
-        min_timestamp: int,
-        max_timestamp: int,
-    ) -> bool:
+    async def swap(self, replaced: Sequence[str], pieces: Sequence[NewPiece]) -> bool:
         """Replace the consecutive entries under the keys ``replaced`` (in offset order) by
-        one entry for the Parquet file at ``location``, which holds their offsets from
-        ``start_offset`` on. Idempotent: a swap that already happened, in whole or in part, is
-        finished.
+        one entry per Parquet piece; the pieces, in offset order, hold exactly the replaced
+        offsets. Idempotent: a swap that already happened, in whole or in part, is finished.
+
+        The last piece takes the last replaced key. Each other piece takes the key of its end
+        offset with the cumulative size of the first replaced key that ends at or after it (the
+        same key as a replaced entry that ends where it does), so a replay computes the same
+        keys. Pieces are written first to last, then the replaced entries not reused are
+        deleted from the last to the first: every offset stays held by some entry.
 
         Returns:
             ``False`` when the last of them is gone (the stream was deleted): nothing to do.
@@ -104,26 +103,31 @@ class OffsetIndex:
         current = await self._metadata.get(last_key)
         if current is None:
             return False
-        entry = index.decode(current.key, current.value)
-        if entry.location != location:
+        stream_id, last_end, _ = keys.parse_index_key(last_key)
+        if pieces[-1].end_offset != last_end:
+            raise ValueError(f"pieces end at {pieces[-1].end_offset}, the entries at {last_end}")
+        bounds = [keys.parse_index_key(k)[1:] for k in replaced]  # (end, cumulative)
+        piece_keys = [
+            keys.index_key(stream_id, end, next(c for e, c in bounds if e >= end))
+            for end in (piece.end_offset for piece in pieces[:-1])
+        ]
+        if index.decode(current.key, current.value).location != pieces[-1].location:
             entries = await self._entries(replaced)
-            value = index.encode_value(
-                record_count=entry.end - start_offset,
-                location=location,
-                min_timestamp=min_timestamp,
-                max_timestamp=max_timestamp,
-                # When the records were written, not compacted: retention counts from it.
-                created_ms=max(e.created_ms for e in entries),
-                batches=(),
-                producers=_kept_producer_batches(entries, start_offset),
-            )
+            # When the records were written, not compacted: retention counts from it.
+            created_ms = max(e.created_ms for e in entries)
+            for key, piece in zip(piece_keys, pieces, strict=False):
+                await self._metadata.put(key, piece.encode(created_ms, ()))
+            last = pieces[-1]
+            value = last.encode(created_ms, _kept_producer_batches(entries, last.start_offset))
             try:
                 await self._metadata.put(last_key, value, expected_version=current.version)
             except ConflictError:
                 log.warning("index entry %s changed during the swap; retrying later", last_key)
                 raise
-        for key in reversed(replaced[:-1]):  # last to first: no look-up ever sees a gap
-            await self._metadata.delete(key)
+        kept = {last_key, *piece_keys}
+        for key in reversed(replaced):  # last to first: no look-up ever sees a gap
+            if key not in kept:
+                await self._metadata.delete(key)
         return True
 
     async def expire(self, stream_id: int, entries: Sequence[IndexEntry]) -> int:
@@ -156,6 +160,28 @@ class OffsetIndex:
             if record is not None:
                 entries.append(index.decode(record.key, record.value))
         return entries
+
+
+@dataclass(frozen=True, slots=True)
+class NewPiece:
+    """A Parquet file that takes over offsets ``[start_offset, end_offset)`` in a swap."""
+
+    location: ParquetLocation
+    start_offset: int
+    end_offset: int
+    min_timestamp: int
+    max_timestamp: int
+
+    def encode(self, created_ms: int, producers: tuple[ProducerBatch, ...]) -> bytes:
+        return index.encode_value(
+            record_count=self.end_offset - self.start_offset,
+            location=self.location,
+            min_timestamp=self.min_timestamp,
+            max_timestamp=self.max_timestamp,
+            created_ms=created_ms,
+            batches=(),
+            producers=producers,
+        )
 
 
 def _kept_producer_batches(entries: Sequence[IndexEntry], start: int) -> tuple[ProducerBatch, ...]:

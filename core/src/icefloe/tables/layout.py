@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Final
 
 from icefloe.ports.object_store import ObjectStore
-from icefloe.ports.table import TableSpec
+from icefloe.ports.table import TableSpec, TimePartition
 from icefloe.storage.row_schema import ROW_SCHEMA
 from icefloe.table_names import TableName
 
@@ -45,7 +45,9 @@ def iceberg_metadata_root(topic: str) -> str:
     return f"{ICEBERG_METADATA}/{topic}"
 
 
-def table_spec(store: ObjectStore, name: TableName, topic: str) -> TableSpec:
+def table_spec(
+    store: ObjectStore, name: TableName, topic: str, time_partition: TimePartition | None = None
+) -> TableSpec:
     """The table of ``topic``, called ``name``: its identifier, schema, and locations."""
     return TableSpec(
         namespace=name.namespace,
@@ -53,4 +55,5 @@ def table_spec(store: ObjectStore, name: TableName, topic: str) -> TableSpec:
         location=store.url(table_root(topic)),
         schema=ROW_SCHEMA,
         metadata_location=store.url(iceberg_metadata_root(topic)),
+        time_partition=time_partition,
     )

@@ -42,6 +42,7 @@ from icefloe.ports.compaction import (
     WrittenFile,
 )
 from icefloe.ports.object_store import ObjectStore
+from icefloe.ports.table import TimePartition
 from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import WalLocation
@@ -265,6 +266,43 @@ class CompactionEngineContract(Contract):
         assert (merged.min_timestamp, merged.max_timestamp) == (min(timestamps), max(timestamps))
         parquet = pq.ParquetFile(io.BytesIO(await storage.object_store.get(merged.path)))
         assert merged.row_groups == row_group_ranges(parquet)
+
+    @pytest.mark.asyncio
+    async def test_a_stream_split_by_time_gets_one_file_per_hour(
+        self, engine: CompactionEngine, storage: StreamStorage
+    ) -> None:
+        stream_id = await storage.create_stream("contract-hours")
+        hour = TimePartition.HOUR
+        first = hour.bucket(BASE_TIMESTAMP_MS) + 1
+        at = [(first + i // 10) * hour.millis + i for i in range(30)]  # 10 records per hour
+        # One batch straddles the first change of hour; the second change falls between two.
+        await storage.append(
+            stream_id, [Record(0, ts, None, b"%d" % i) for i, ts in enumerate(at[:15])]
+        )
+        await storage.append(
+            stream_id, [Record(0, ts, None, b"%d" % i) for i, ts in enumerate(at[15:], 15)]
+        )
+        [stream] = [WrittenStream(stream_id, 0, (), ())]
+        task = await task_for(storage, [stream], "hours", "out")
+        task = CompactionTask(task.task_id, task.ranges, task.output_paths, ((stream_id, hour),))
+
+        written = sorted(await engine.run([task]), key=lambda f: f.start_offset)
+
+        assert [(f.start_offset, f.end_offset, f.time_bucket) for f in written] == [
+            (0, 10, first),
+            (10, 20, first + 1),
+            (20, 30, first + 2),
+        ]
+        assert [f.path for f in written] == [
+            f"out/{a:020d}-{b:020d}.parquet" for a, b in ((0, 10), (10, 20), (20, 30))
+        ]
+        values = []
+        for f in written:
+            table = await read_parquet(storage.object_store, f.path)
+            assert table.column("offset").to_pylist() == list(range(f.start_offset, f.end_offset))
+            assert (f.min_timestamp, f.max_timestamp) == (at[f.start_offset], at[f.end_offset - 1])
+            values += table.column("value").to_pylist()
+        assert values == [b"%d" % i for i in range(30)]
 
     @pytest.mark.asyncio
     async def test_a_data_file_that_does_not_hold_its_range_raises_corrupt_data(

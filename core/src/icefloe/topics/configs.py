@@ -23,8 +23,9 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.config.compactor import CompactorOptions
 from icefloe.config.storage import StorageOptions
+from icefloe.ports.table import TimePartition
 from icefloe.table_names import IDENTIFIER_CONFIG, check_template
-from icefloe.topics.registry import TopicError
+from icefloe.topics.registry import TIME_PARTITION, TopicError
 
 MAX_AGE_CONFIG: Final = "icefloe.compaction.max.age.ms"
 MIN_BYTES_CONFIG: Final = "icefloe.compaction.min.bytes"
@@ -36,6 +37,8 @@ ORPHAN_AGE_CONFIG: Final = "icefloe.table.orphan.age.ms"
 """Topic configs of table maintenance (defaults in ``[compactor]``)."""
 TABLE_IDENTIFIER_CONFIG: Final = IDENTIFIER_CONFIG
 """The topic's own table identifier (an alias); empty: the cluster's ``[table] identifier``."""
+TIME_PARTITION_CONFIG: Final = TIME_PARTITION
+"""``none``, ``hour`` or ``day``: also partition the topic's tables by the record timestamp."""
 TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
 """``keep`` (rows stay in the tables after retention) or ``delete`` (they leave them too)."""
 
@@ -345,6 +348,14 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "once it is renamed in the catalog.",
             ),
             ConfigKey(
+                TIME_PARTITION_CONFIG,
+                _OneOf(("none", "hour", "day")),
+                "none",
+                "hour or day: the topic's tables are partitioned by the hour (day) of the record "
+                "timestamp as well as by Kafka partition, so queries on a time range read only "
+                "its files. Set when the topic is created; it cannot change afterwards.",
+            ),
+            ConfigKey(
                 TABLE_RETENTION_CONFIG,
                 _OneOf(("keep", "delete")),
                 "keep",
@@ -377,6 +388,12 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
         key=lambda k: k.name,
     )
 }
+
+
+def time_partition(configs: Mapping[str, str]) -> TimePartition | None:
+    """The time partitioning of a topic's tables, from its configs."""
+    value = configs.get(TIME_PARTITION_CONFIG, "none")
+    return None if value == "none" else TimePartition(value)
 
 
 def split_list(text: str) -> list[str]:

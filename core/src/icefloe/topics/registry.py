@@ -111,6 +111,10 @@ def validate_topic_name(name: str) -> None:
         )
 
 
+TIME_PARTITION: Final = "icefloe.table.partition.time"
+"""The one topic config that cannot change after creation (see ``icefloe.topics.configs``)."""
+
+
 class TopicRegistry:
     """Every topic of the cluster, cached in memory and kept fresh by notifications."""
 
@@ -241,6 +245,13 @@ class TopicRegistry:
 
         async def reconfigure(topic: Topic) -> Topic:
             self._check_table_name(name, configs)
+            before, after = (c.get(TIME_PARTITION, "none") for c in (topic.configs, configs))
+            if before != after:
+                raise TopicError(
+                    ErrorCode.invalid_config,
+                    f"{TIME_PARTITION} is set when a topic is created (topic {name!r} has "
+                    f"{before}); its tables cannot change partitioning",
+                )
             return replace(topic, configs=dict(configs))
 
         return await self._update(name, reconfigure)
