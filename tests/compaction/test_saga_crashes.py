@@ -1,8 +1,9 @@
 """Invariant 5 (docs/design.md): the compactor killed at any step of the saga, then restarted,
 leaves every record exactly once in the stream and in every table format that is enabled.
 
-The saga runs compaction (WAL entries into data files) and table maintenance (small data files
-merged into one); both are killed at every step, on the local store and on S3 (MinIO)."""
+The saga runs compaction (WAL entries into data files, one per partition, or one per hour of
+an hourly table) and table maintenance (small data files merged into one); each is killed at
+every step, on the local store, and compaction also on S3 (MinIO)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
 from icefloe.tables import layout
-from icefloe.topics.configs import REWRITE_MIN_FILES_CONFIG
+from icefloe.topics.configs import REWRITE_MIN_FILES_CONFIG, TIME_PARTITION_CONFIG
 from icefloe.topics.registry import Topic, TopicRegistry
 from tests.support.compaction_processes import CRASH_POINTS, compact_and_crash
 from tests.support.object_servers import minio_options
@@ -31,8 +32,12 @@ SPAWN = multiprocessing.get_context("spawn")
 ROUNDS = 4
 
 
-def records(n: int, tag: str) -> list[Record]:
-    return [Record(i, 1_700_000_000_000 + i, tag.encode(), f"{tag}/{i}".encode()) for i in range(n)]
+def records(n: int, tag: str, step_ms: int = 1, first: int = 0) -> list[Record]:
+    """``n`` records stamped ``step_ms`` apart, the first as the ``first``-th would be."""
+    return [
+        Record(i, 1_700_000_000_000 + step_ms * (first + i), tag.encode(), f"{tag}/{i}".encode())
+        for i in range(n)
+    ]
 
 
 def saga_config(tmp_path: Path, store: str) -> Config:
@@ -48,13 +53,21 @@ def saga_config(tmp_path: Path, store: str) -> Config:
 
 async def fill(storage: StreamStorage, topics: TopicRegistry, config: Config, work: str) -> Topic:
     """A topic with ``ROUNDS`` appends per partition; for a rewrite, each round is compacted
-    on its own, so every partition has ``ROUNDS`` small data files to merge."""
-    topic = await topics.create("events", 3, {REWRITE_MIN_FILES_CONFIG: str(ROUNDS)})
+    on its own, so every partition has ``ROUNDS`` small data files to merge; for ``hourly``,
+    the tables are partitioned by hour and every append spans two hours or more."""
+    configs = {REWRITE_MIN_FILES_CONFIG: str(ROUNDS)}
+    if work == "hourly":
+        configs[TIME_PARTITION_CONFIG] = "hour"
+    topic = await topics.create("events", 3, configs)
+    step_ms = 7 * 60_000 if work == "hourly" else 1
     compactor = await Compactor.open(config, storage, topics) if work == "rewrite" else None
     try:
         for round_ in range(ROUNDS):
             await asyncio.gather(
-                *(storage.append(s, records(25, f"r{round_}-{s}")) for s in topic.streams)
+                *(
+                    storage.append(s, records(25, f"r{round_}-{s}", step_ms, 25 * round_))
+                    for s in topic.streams
+                )
             )
             if compactor is not None:
                 await compactor.until_idle()
@@ -87,7 +100,8 @@ async def table_rows(compactor: Compactor, topic: str) -> dict[str, list[tuple[i
 
 @pytest.mark.parametrize("crash_at", CRASH_POINTS)
 @pytest.mark.parametrize(
-    ("store", "work"), [("local", "compact"), ("local", "rewrite"), ("minio", "compact")]
+    ("store", "work"),
+    [("local", "compact"), ("local", "rewrite"), ("local", "hourly"), ("minio", "compact")],
 )
 async def test_a_compactor_killed_at_any_step_is_finished_by_the_next_one(
     tmp_path: Path, store: str, work: str, crash_at: str
