@@ -35,6 +35,8 @@ from icefloe.topics.registry import Topic, TopicRegistry
 log = logging.getLogger(__name__)
 
 LEADER_KEY: Final = COMPACTION + "leader"
+REWRITES_PER_ROUND: Final = 16
+"""Merges of small files per maintenance round; the rest wait for the next one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,10 +176,12 @@ class Compactor:
         return deleted
 
     async def maintain(self) -> None:
-        """Rewrite small files until none are left, then collect garbage (orphans every
-        ``orphan_sweep_interval_s``: finding them lists every table)."""
-        while await self.rewrite_once() is not None:
-            pass
+        """Rewrite small files (a bounded number of runs, so compaction is not held up), then
+        collect garbage (orphans every ``orphan_sweep_interval_s``: finding them lists every
+        table)."""
+        for _ in range(REWRITES_PER_ROUND):
+            if await self.rewrite_once() is None:
+                break
         sweep = time.monotonic() >= self._next_orphan_sweep
         if sweep:
             self._next_orphan_sweep = time.monotonic() + self._options.orphan_sweep_interval_s
