@@ -176,3 +176,17 @@ async def test_orphans_stay_when_cleanup_is_off(parts: Parts) -> None:
 
     assert await compactor.collect_garbage() == []
     assert await storage.object_store.head(stray) is not None
+
+
+async def test_a_maintenance_round_merges_and_collects(parts: Parts) -> None:
+    storage, _, compactor = parts
+    topic = await small_files(parts, 4, **{REWRITE_MIN_FILES_CONFIG: "4", ORPHAN_AGE_CONFIG: "0"})
+    stray = layout.data_file("events", 1, "stray.parquet")
+    await storage.object_store.put(stray, b"left by a crash")
+    await asyncio.sleep(0.01)
+
+    await compactor.maintain()  # what the leader runs every maintenance_interval_s
+
+    assert [len(await storage.index.scan(s)) for s in topic.streams] == [1, 1]
+    assert len(await compactor.committer.retired()) == 8  # kept for the history period
+    assert await storage.object_store.head(stray) is None
