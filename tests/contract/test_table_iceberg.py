@@ -11,8 +11,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from icefloe.ports.base import PortKind
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TableFormat, TableSpec
+from icefloe.testing.contract import open_backend
 from icefloe.testing.table_contract import TableFormatContract
 from tests.support.iceberg_rest import iceberg_rest
 from tests.support.postgres import postgres
@@ -149,3 +151,17 @@ class TestIcebergTableFormatOnPostgres(TableFormatContract):
             await self.open_table_format(
                 tmp_path, {"uri": postgres().sqlalchemy_url, "name": "missing_driver"}, store
             )
+
+
+async def test_pyiceberg_runs_one_worker_thread_once_the_plugin_is_open(tmp_path: Path) -> None:
+    """pyiceberg's overwrite shares a stateful manifest evaluator between worker threads; with
+    several, a file to delete can be missed under load and the commit refused."""
+    from pyiceberg.utils.concurrent import ExecutorFactory
+
+    store = await open_backend(PortKind.OBJECT_STORE, "local", tmp_path, {"root": str(tmp_path)})
+    table_format = await open_backend(PortKind.TABLE, "iceberg", tmp_path, {}, object_store=store)
+    try:
+        assert ExecutorFactory.max_workers() == 1
+    finally:
+        await table_format.close()
+        await store.close()

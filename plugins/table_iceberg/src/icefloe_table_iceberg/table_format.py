@@ -17,6 +17,7 @@ this process are serialised (so they never race each other into a conflict).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -106,6 +107,11 @@ def _connect(
     options: IcebergTableFormatOptions, data_dir: Path, store: ObjectStore
 ) -> IcebergTables:
     """Build the pyiceberg catalog (imports the SDK: called from ``open`` only)."""
+    # pyiceberg 0.12 shares one stateful manifest evaluator between its worker threads when an
+    # overwrite looks for the files it deletes, so under load a manifest can be skipped and the
+    # commit refused ("Missing required files to delete"). One worker avoids the race; an
+    # operator's own PYICEBERG_MAX_WORKERS still wins.
+    os.environ.setdefault("PYICEBERG_MAX_WORKERS", "1")
     from icefloe_table_iceberg.tables import IcebergTables, merged
 
     io = store.iceberg_properties()
