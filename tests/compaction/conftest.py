@@ -1,14 +1,16 @@
-"""Fixtures of the compaction tests: storage, topics and a compactor on the embedded default."""
+"""Fixtures of the compaction tests: storage, topics and a compactor on the embedded default
+(``parts``), or with both table formats on (``table_parts``)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from icefloe.compaction.service import Compactor
-from icefloe.config import Config
+from icefloe.config import Config, load_config
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
 from tests.support.storage import storage_config
@@ -19,8 +21,31 @@ def config(tmp_path: Path) -> Config:
     return storage_config(tmp_path, commit_deadline_s=0.2, orphan_grace_s=0.5)
 
 
+Parts = tuple[StreamStorage, TopicRegistry, Compactor]
+
+
 @pytest.fixture
-async def parts(config: Config) -> AsyncIterator[tuple[StreamStorage, TopicRegistry, Compactor]]:
+async def parts(config: Config) -> AsyncIterator[Parts]:
+    async with _parts(config) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def table_parts(tmp_path: Path) -> AsyncIterator[Parts]:
+    config = load_config(
+        env={},
+        overrides={
+            "data_dir": str(tmp_path),
+            "storage": {"flush_interval_ms": 2},
+            "table": {"formats": ["iceberg", "delta"]},
+        },
+    )
+    async with _parts(config) as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def _parts(config: Config) -> AsyncIterator[Parts]:
     async with await StreamStorage.open(config) as storage:
         topics = TopicRegistry(storage)
         await topics.start()

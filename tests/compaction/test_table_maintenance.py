@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from icefloe.compaction.service import Compactor
-from icefloe.config import Config, load_config
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
@@ -22,35 +18,15 @@ from icefloe.topics.configs import (
     REWRITE_MIN_FILES_CONFIG,
     TABLE_RETENTION_CONFIG,
 )
-from icefloe.topics.registry import Topic, TopicRegistry
+from icefloe.topics.registry import Topic
+from tests.compaction.conftest import Parts
 from tests.compaction.test_saga_crashes import table_rows
 
-Parts = tuple[StreamStorage, TopicRegistry, Compactor]
-
 
 @pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return load_config(
-        env={},
-        overrides={
-            "data_dir": str(tmp_path),
-            "storage": {"flush_interval_ms": 2},
-            "table": {"formats": ["iceberg", "delta"]},
-        },
-    )
-
-
-@pytest.fixture
-async def parts(config: Config) -> AsyncIterator[Parts]:
-    async with await StreamStorage.open(config) as storage:
-        topics = TopicRegistry(storage)
-        await topics.start()
-        compactor = await Compactor.open(config, storage, topics)
-        try:
-            yield storage, topics, compactor
-        finally:
-            await compactor.close()
-            await topics.close()
+def parts(table_parts: Parts) -> Parts:
+    """Storage, topics and a compactor with both table formats on."""
+    return table_parts
 
 
 async def small_files(parts: Parts, rounds: int, **configs: str) -> Topic:

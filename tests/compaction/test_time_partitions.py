@@ -6,25 +6,21 @@ the matching files."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
-from icefloe.compaction.service import Compactor
-from icefloe.config import Config, load_config
 from icefloe.ports.table import TimePartition
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
 from icefloe.topics.configs import REWRITE_MIN_FILES_CONFIG, TIME_PARTITION_CONFIG
-from icefloe.topics.registry import Topic, TopicError, TopicRegistry
+from icefloe.topics.registry import Topic, TopicError
+from tests.compaction.conftest import Parts
 from tests.compaction.test_saga_crashes import table_rows
 from tests.contract.test_table_delta import delta_table
 from tests.contract.test_table_iceberg import pyiceberg_table
 
-Parts = tuple[StreamStorage, TopicRegistry, Compactor]
 HOUR = TimePartition.HOUR
 FIRST_HOUR = 472_000  # hours since the epoch: 2023-11-05 16:00 UTC
 
@@ -35,28 +31,9 @@ def at(hour: int, i: int) -> int:
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Config:
-    return load_config(
-        env={},
-        overrides={
-            "data_dir": str(tmp_path),
-            "storage": {"flush_interval_ms": 2},
-            "table": {"formats": ["iceberg", "delta"]},
-        },
-    )
-
-
-@pytest.fixture
-async def parts(config: Config) -> AsyncIterator[Parts]:
-    async with await StreamStorage.open(config) as storage:
-        topics = TopicRegistry(storage)
-        await topics.start()
-        compactor = await Compactor.open(config, storage, topics)
-        try:
-            yield storage, topics, compactor
-        finally:
-            await compactor.close()
-            await topics.close()
+def parts(table_parts: Parts) -> Parts:
+    """Storage, topics and a compactor with both table formats on."""
+    return table_parts
 
 
 async def hourly_topic(parts: Parts, **configs: str) -> Topic:
