@@ -159,9 +159,13 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             f"{row['identifier']} at {row['location']}"
             + (f" (metadata {row['metadata_location']})" if row["metadata_location"] else "")
             + f", commit {row['commit']}"
-            + (f", {row['files']} data files" if row["files"] is not None else "")
+            + (f", {_count(row['files'], 'data file')}" if row["files"] is not None else "")
             + f", {row['lag_records']} records not yet in the table"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _describe(progress: Progress) -> str:

@@ -15,16 +15,14 @@ deleted.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Self
 
 from icefloe.compaction.committer import Committer
-from icefloe.compaction.planner import Plan, StreamPlan, TaskKind
+from icefloe.compaction.planner import Plan, StreamPlan, TaskKind, plan_of
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import NotFoundError
-from icefloe.ports.compaction import CompactionTask, Source, StreamRange
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TableFormat, TimePartition
 from icefloe.storage.index import IndexEntry, ParquetLocation
@@ -44,6 +42,10 @@ log = logging.getLogger(__name__)
 
 SMALL_FRACTION: Final = 0.75
 """A data file under this fraction of the target size is small."""
+MAX_GROUP: Final = 10_000
+"""Consecutive small files looked at together (bounds memory on a long neglected index)."""
+SPANNING: Final = -(2**63)
+"""The bucket of an entry whose records fall in several hours (days)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,9 @@ async def plan_rewrite(
             entries = index.entries(stream_id)
             run = await small_run(entries, target, settings.rewrite_min_files, unit)
             if run:
-                return _rewrite_plan(StreamPlan(topic.name, partition, stream_id, run), unit)
+                stream = StreamPlan(topic.name, partition, stream_id, run)
+                units = {topic.name: unit} if unit is not None else {}
+                return plan_of((stream,), units, TaskKind.REWRITE)
     return None
 
 
@@ -102,17 +106,20 @@ async def small_run(
     log2(target / small file) times, not once per merge. With a time ``unit``, a run's files
     are all of one hour (day), as the table's partitions are.
     """
-    group: list[IndexEntry] = []  # consecutive small data files (of one hour or day)
+    group: list[IndexEntry] = []  # consecutive small data files of one hour (day)
+    group_bucket: int | None = None
     async for entry in entries:
+        bucket = _bucket(entry, unit)
+        # A file whose records span several hours has no time partition: never merged.
         small = not entry.in_wal and entry.size < target_bytes * SMALL_FRACTION
-        small = small and _bucket(entry, unit) != SPANNING  # such a file has no partition
-        joins = bool(group) and entry.start == group[-1].end and len(group) < MAX_GROUP
-        if small and joins and _bucket(group[-1], unit) == _bucket(entry, unit):
+        small = small and bucket != SPANNING
+        joins = bool(group) and entry.start == group[-1].end and bucket == group_bucket
+        if small and joins and len(group) < MAX_GROUP:
             group.append(entry)
             continue
         if run := _best_run(group, target_bytes, min_files):
             return run
-        group = [entry] if small else []
+        group, group_bucket = ([entry], bucket) if small else ([], None)
     return _best_run(group, target_bytes, min_files)
 
 
@@ -122,13 +129,6 @@ def _bucket(entry: IndexEntry, unit: TimePartition | None) -> int | None:
         return None
     first, last = unit.bucket(entry.min_timestamp), unit.bucket(entry.max_timestamp)
     return first if first == last else SPANNING
-
-
-SPANNING: Final = -(2**63)
-
-
-MAX_GROUP: Final = 10_000
-"""Consecutive small files looked at together (bounds memory on a long neglected index)."""
 
 
 def _best_run(
@@ -149,30 +149,6 @@ def _best_run(
         if best:
             return tuple(group[first:best])
     return ()
-
-
-def _rewrite_plan(stream: StreamPlan, unit: TimePartition | None) -> Plan:
-    ranges = []
-    for entry in stream.entries:
-        location = entry.location
-        assert isinstance(location, ParquetLocation)
-        ranges.append(
-            StreamRange(
-                stream.stream_id,
-                stream.partition,
-                entry.start,
-                entry.end,
-                location.key,
-                0,
-                location.size,
-                Source.PARQUET,
-            )
-        )
-    name = f"{stream.start:020d}-{stream.end:020d}.parquet"
-    output = layout.data_file(stream.topic, stream.partition, name)
-    split = ((stream.stream_id, unit),) if unit is not None else ()
-    task = CompactionTask(uuid.uuid4().hex, tuple(ranges), ((stream.stream_id, output),), split)
-    return Plan(task, (stream,), TaskKind.REWRITE)
 
 
 async def sweep_orphans(

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from icefloe.config.compactor import CompactorOptions
-from icefloe.ports.compaction import CompactionTask, StreamRange
+from icefloe.ports.compaction import CompactionTask, Source, StreamRange
 from icefloe.ports.table import TimePartition
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
@@ -40,6 +40,12 @@ class StreamPlan:
     @property
     def end(self) -> int:
         return self.entries[-1].end
+
+    @property
+    def output_path(self) -> str:
+        """The data file the stream's entries become (named by their offsets)."""
+        name = f"{self.start:020d}-{self.end:020d}.parquet"
+        return layout.data_file(self.topic, self.partition, name)
 
 
 class TaskKind(enum.StrEnum):
@@ -81,8 +87,8 @@ async def plan_task(
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
             if budget <= 0:
-                return _plan(chosen, units)
-    return _plan(chosen, units) if chosen else None
+                return plan_of(chosen, units, TaskKind.COMPACT)
+    return plan_of(chosen, units, TaskKind.COMPACT) if chosen else None
 
 
 def _due(
@@ -111,26 +117,30 @@ def _due(
     return taken
 
 
-def _plan(streams: list[StreamPlan], units: Mapping[str, TimePartition]) -> Plan:
-    task_id = uuid.uuid4().hex
-    ranges = []
-    outputs = []
-    for s in streams:
-        for entry in s.entries:
-            location = entry.location
-            assert isinstance(location, WalLocation)
-            ranges.append(
-                StreamRange(
-                    s.stream_id,
-                    s.partition,
-                    entry.start,
-                    entry.end,
-                    location.ref,
-                    location.position,
-                    location.position + location.length,
-                )
-            )
-        name = f"{s.start:020d}-{s.end:020d}.parquet"
-        outputs.append((s.stream_id, layout.data_file(s.topic, s.partition, name)))
+def plan_of(
+    streams: Sequence[StreamPlan], units: Mapping[str, TimePartition], kind: TaskKind
+) -> Plan:
+    """The task reading every entry of ``streams`` (WAL chunks or whole data files) into one
+    file per stream, split by time for the topics in ``units``."""
+    ranges = tuple(_source_range(s, entry) for s in streams for entry in s.entries)
+    outputs = tuple(
+        (
+            s.stream_id,
+            layout.data_file(s.topic, s.partition, f"{s.start:020d}-{s.end:020d}.parquet"),
+        )
+        for s in streams
+    )
     split = tuple((s.stream_id, units[s.topic]) for s in streams if s.topic in units)
-    return Plan(CompactionTask(task_id, tuple(ranges), tuple(outputs), split), tuple(streams))
+    task = CompactionTask(uuid.uuid4().hex, ranges, outputs, split)
+    return Plan(task, tuple(streams), kind)
+
+
+def _source_range(stream: StreamPlan, entry: IndexEntry) -> StreamRange:
+    """Where a task reads ``entry``: its chunk of a WAL object, or its whole data file."""
+    location = entry.location
+    if isinstance(location, WalLocation):
+        end = location.position + location.length
+        source = (location.ref, location.position, end, Source.WAL)
+    else:
+        source = (location.key, 0, location.size, Source.PARQUET)
+    return StreamRange(stream.stream_id, stream.partition, entry.start, entry.end, *source)
