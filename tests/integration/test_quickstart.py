@@ -108,8 +108,8 @@ def wait_for_tables(venv: Path, workdir: Path, env: dict[str, str]) -> list[dict
             env=env,
             capture_output=True,
             text=True,
-            check=True,
         )
+        assert result.returncode == 0, result.stderr
         rows = [r for r in json.loads(result.stdout) if r["topic"] == "clicks"]
         if len(rows) == 2 and all(r["lag_records"] == 0 and r["commit"] for r in rows):
             return rows

@@ -13,8 +13,15 @@ import click
 
 from icefloe import config as configuration
 from icefloe.compaction.service import LEADER_KEY, Compactor, Progress
-from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    IcefloeError,
+    NotFoundError,
+    UnavailableError,
+)
 from icefloe.ports.metadata import MUST_NOT_EXIST
+from icefloe.ports.table import TableFormat, TableSpec
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
 
@@ -119,18 +126,9 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             lag, _ = await compactor.backlog(topic)
             spec = compactor.committer.table_spec(topic.name)
             for name, table_format in compactor.table_formats.items():
-                info = await table_format.ensure_table(spec)
                 rows.append(
-                    {
-                        "topic": topic.name,
-                        "format": name,
-                        "identifier": info.identifier,
-                        "location": info.location,
-                        "metadata_location": info.metadata_location,
-                        "commit": await table_format.last_commit(spec),
-                        "files": len(await table_format.files(spec)),
-                        "lag_records": lag,
-                    }
+                    {"topic": topic.name, "format": name, "lag_records": lag}
+                    | await _describe_table(table_format, spec)
                 )
             if not compactor.table_formats:
                 rows.append(
@@ -158,10 +156,46 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             f"{row['topic']}: {row['format'] or 'no table format enabled'} "
             f"{row['identifier']} at {row['location']}"
             + (f" (metadata {row['metadata_location']})" if row["metadata_location"] else "")
-            + f", commit {row['commit']}"
+            + (f", commit {row['commit']}" if row["commit"] is not None else ", not created yet")
             + (f", {_count(row['files'], 'data file')}" if row["files"] is not None else "")
             + f", {row['lag_records']} records not yet in the table"
         )
+
+
+async def _describe_table(table_format: TableFormat, spec: TableSpec) -> dict[str, Any]:
+    """Where the table is and how far it got, without creating it: the first compaction of
+    the topic does that, and a table the CLI created could race the broker's."""
+    try:
+        commit = await _patiently(lambda: table_format.last_commit(spec))
+    except NotFoundError:
+        return {
+            "identifier": spec.identifier,
+            "location": spec.location,
+            "metadata_location": None,
+            "commit": None,
+            "files": None,
+        }
+    info = await _patiently(lambda: table_format.ensure_table(spec))
+    files = await _patiently(lambda: table_format.files(spec))
+    return {
+        "identifier": info.identifier,
+        "location": info.location,
+        "metadata_location": info.metadata_location,
+        "commit": commit,
+        "files": len(files),
+    }
+
+
+async def _patiently(read: Callable[[], Awaitable[T]], attempts: int = 5) -> T:
+    """``read()``, retried while a running broker holds the catalog or races a commit."""
+    for attempt in range(attempts):
+        try:
+            return await read()
+        except (UnavailableError, ConflictError):
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.2 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _count(n: int, noun: str) -> str:
