@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from icefloe.config.compactor import CompactorOptions
-from icefloe.ports.compaction import CompactionTask, Source, StreamRange
+from icefloe.ports.compaction import CompactionTask, Source, StreamRange, data_file_name
 from icefloe.ports.table import TimePartition
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
@@ -44,7 +44,7 @@ class StreamPlan:
     @property
     def output_path(self) -> str:
         """The data file the stream's entries become (named by their offsets)."""
-        name = f"{self.start:020d}-{self.end:020d}.parquet"
+        name = data_file_name(self.stream_id, self.start, self.end)
         return layout.data_file(self.topic, self.partition, name)
 
 
@@ -123,13 +123,7 @@ def plan_of(
     """The task reading every entry of ``streams`` (WAL chunks or whole data files) into one
     file per stream, split by time for the topics in ``units``."""
     ranges = tuple(_source_range(s, entry) for s in streams for entry in s.entries)
-    outputs = tuple(
-        (
-            s.stream_id,
-            layout.data_file(s.topic, s.partition, f"{s.start:020d}-{s.end:020d}.parquet"),
-        )
-        for s in streams
-    )
+    outputs = tuple((s.stream_id, s.output_path) for s in streams)
     split = tuple((s.stream_id, units[s.topic]) for s in streams if s.topic in units)
     task = CompactionTask(uuid.uuid4().hex, ranges, outputs, split)
     return Plan(task, tuple(streams), kind)

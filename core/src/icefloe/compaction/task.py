@@ -67,7 +67,7 @@ async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[Wr
             parquet, facts = await asyncio.to_thread(_encode, run)
             path = outputs[stream_id]
             if unit is not None:
-                path = piece_path(path, facts["start_offset"], facts["end_offset"])
+                path = piece_path(path, stream_id, facts["start_offset"], facts["end_offset"])
                 facts["time_bucket"] = unit.bucket(facts["min_timestamp"])
             await store.put(path, parquet)
             written.append(WrittenFile(task.task_id, stream_id, path, len(parquet), **facts))

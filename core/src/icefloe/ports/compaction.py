@@ -86,10 +86,19 @@ class WrittenFile:
     """The hour (day) since the epoch of every record, for a stream split by time."""
 
 
-def piece_path(path: str, start_offset: int, end_offset: int) -> str:
+def data_file_name(stream_id: int, start_offset: int, end_offset: int) -> str:
+    """The name of the data file holding ``[start_offset, end_offset)`` of a stream.
+
+    The stream id keeps apart the files of a topic deleted and created again under the same
+    name: both write to the same folders, from offset 0.
+    """
+    return f"{start_offset:020d}-{end_offset:020d}-s{stream_id}.parquet"
+
+
+def piece_path(path: str, stream_id: int, start_offset: int, end_offset: int) -> str:
     """Where one run of a stream split by time goes, beside the stream's ``path``."""
     folder = path.rpartition("/")[0]
-    return f"{folder}/" * bool(folder) + f"{start_offset:020d}-{end_offset:020d}.parquet"
+    return f"{folder}/" * bool(folder) + data_file_name(stream_id, start_offset, end_offset)
 
 
 class CompactionEngine(Port):

@@ -40,6 +40,7 @@ from icefloe.ports.compaction import (
     Source,
     StreamRange,
     WrittenFile,
+    data_file_name,
 )
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TimePartition
@@ -294,7 +295,7 @@ class CompactionEngineContract(Contract):
             (20, 30, first + 2),
         ]
         assert [f.path for f in written] == [
-            f"out/{a:020d}-{b:020d}.parquet" for a, b in ((0, 10), (10, 20), (20, 30))
+            f"out/{data_file_name(stream_id, a, b)}" for a, b in ((0, 10), (10, 20), (20, 30))
         ]
         values = []
         for f in written:
