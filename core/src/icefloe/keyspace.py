@@ -19,6 +19,7 @@ STREAMS: Final = "streams/"
 STREAM_NAMES: Final = "stream-names/"
 COUNTERS: Final = "counters/"
 TOPICS: Final = "topics/"
+DELETED_TOPICS: Final = "deleted-topics/"
 BROKERS: Final = "brokers/"
 CLUSTER: Final = "cluster/"
 GROUPS: Final = "groups/"
@@ -93,6 +94,14 @@ KEYSPACE: Final = (
         "topics/<topic name>",
         "icefloe.topics.registry",
         "msgpack {id, streams, configs, created_ms}: a topic and its partitions' streams",
+    ),
+    Prefix(
+        "DELETED_TOPICS",
+        DELETED_TOPICS,
+        "deleted-topics/<topic id, 32 hex digits>",
+        "icefloe.topics.registry",
+        "msgpack [name, topic record]: a deleted topic whose tables the compaction leader has "
+        "not dropped yet",
     ),
     Prefix(
         "BROKERS",

@@ -178,6 +178,7 @@ class Committer:
         *,
         expire_every: int,
         history_ms: Callable[[str], int],
+        is_live: Callable[[str, int], bool],
     ) -> None:
         self._metadata = metadata
         self._offsets = offsets
@@ -189,6 +190,9 @@ class Committer:
         self._expire_every = expire_every
         self._history_ms = history_ms
         """How long a topic's table history (and its retired files) is kept."""
+        self._is_live = is_live
+        """Whether a stream (by topic name and stream id) is a partition of a live topic, not
+        of a deleted one, nor of an older topic of the same name."""
         self._ensured: set[tuple[int, str]] = set()
 
     async def unfinished(self) -> list[TaskRecord]:
@@ -235,7 +239,9 @@ class Committer:
             await self._save(record)
         if record.state is SagaState.COMMITTED:
             for stream in record.streams:
-                if record.kind is TaskKind.EXPIRE:
+                if not self._is_live(stream.topic, stream.stream_id):
+                    await self._discard(record, stream)
+                elif record.kind is TaskKind.EXPIRE:
                     await self._remove_entries(stream)
                 else:
                     await self._swap(record, stream)
@@ -243,6 +249,11 @@ class Committer:
             await self._metadata.delete(record.key)
             record.state = SagaState.SWAPPED
         return record
+
+    def forget_tables(self) -> None:
+        """Check each table exists again before its next commit: another leader may have
+        dropped some since (a deleted topic's)."""
+        self._ensured.clear()
 
     async def delete_retired(self, now_ms: int) -> list[str]:
         """Delete the retired data files whose grace period is over; return their keys."""
@@ -290,19 +301,23 @@ class Committer:
                 removed[stream.topic].extend(
                     layout.relative_path(stream.topic, key) for key in stream.retired
                 )
+        # A deleted topic's tables are dropped, not committed to; nor may an old topic's files
+        # reach the tables of a new topic of the same name.
+        gone = {s.topic for s in record.streams if not self._is_live(s.topic, s.stream_id)}
+        commits = sorted((t, seq) for t, seq in record.sequences.items() if t not in gone)
         for table_format in self._table_formats:
-            for topic, sequence in sorted(record.sequences.items()):
+            for topic, sequence in commits:
                 spec = self.table_spec(topic)
                 if (id(table_format), topic) not in self._ensured:
                     await table_format.ensure_table(spec)
                     self._ensured.add((id(table_format), topic))
-                gone = removed[topic]
-                if gone and sequence > await table_format.last_commit(spec):
+                taken = removed[topic]
+                if taken and sequence > await table_format.last_commit(spec):
                     # A file the table never had (tables enabled after it was written) is
                     # not the table's to remove; every format refuses such a commit.
                     live = {f.path for f in await table_format.files(spec)}
-                    gone = [path for path in gone if path in live]
-                await table_format.commit(spec, sequence, added[topic], gone)
+                    taken = [path for path in taken if path in live]
+                await table_format.commit(spec, sequence, added[topic], taken)
                 if sequence % self._expire_every == 0:
                     await table_format.expire(spec, now_ms - self._history_ms(topic))
 
@@ -326,6 +341,13 @@ class Committer:
             log.warning(
                 "stream %d changed under compaction (topic deleted?); skipping", stream.stream_id
             )
+
+    async def _discard(self, record: TaskRecord, stream: TaskStream) -> None:
+        """The index step for a stream of a deleted topic: the files the task wrote for it
+        are nobody's."""
+        for f in record.files or ():
+            if f.stream_id == stream.stream_id:
+                await self._store.delete(f.path)
 
     async def _remove_entries(self, stream: TaskStream) -> None:
         """The expiry's index step: the entries still there leave the front of the stream."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Final, Self
 
 from icefloe import config as configuration
-from icefloe.compaction import maintenance, retention
+from icefloe.compaction import dropping, maintenance, retention
 from icefloe.compaction.committer import Committer, TaskRecord
 from icefloe.compaction.maintenance import TableSettings
 from icefloe.compaction.planner import Plan, plan_task
@@ -76,6 +76,7 @@ class Compactor:
             self._table_spec,
             expire_every=options.expire_every_commits,
             history_ms=self._history_ms,
+            is_live=self._is_live,
         )
         self._next_maintenance = 0.0
         self._next_orphan_sweep = 0.0
@@ -120,7 +121,9 @@ class Compactor:
             await table_format.close()
 
     async def compact_once(self, *, force: bool = False) -> Progress | None:
-        """Finish any unfinished task, then plan and run one new task if one is due."""
+        """Drop the tables of deleted topics and finish any unfinished task, then plan and run
+        one new task if one is due."""
+        await self.drop_deleted_topics()
         for record in await self.committer.unfinished():
             log.info("resuming compaction task %s from %s", record.task.task_id, record.state)
             await self.committer.finish(record)
@@ -134,6 +137,18 @@ class Compactor:
         if plan is None:
             return None
         return await self._run(plan)
+
+    async def drop_deleted_topics(self) -> int:
+        """Drop the tables of deleted topics (:mod:`.dropping`); return how many topics."""
+        deleted = await self.topics.deleted()
+        for topic in deleted:
+            spec = self._table_spec_of(topic.topic.name, topic.topic.configs)
+            store = self.storage.object_store
+            await dropping.drop_tables(topic, spec, self.table_formats, store)
+            await self.topics.forget_deleted(topic)
+        if deleted:
+            self.committer.forget_tables()
+        return len(deleted)
 
     async def rewrite_once(self) -> Progress | None:
         """Merge one run of small data files, if a topic has one."""
@@ -210,6 +225,7 @@ class Compactor:
                 await _sleep_until(stop, self._options.interval_s)
                 continue
             log.info("this broker leads compaction")
+            self.committer.forget_tables()
             try:
                 while not stop.is_set() and session.alive:
                     try:
@@ -233,9 +249,16 @@ class Compactor:
     def _table_spec(self, topic_name: str) -> TableSpec:
         topic = self.topics.get_cached(topic_name)
         configs = topic.configs if topic is not None else {}  # deleted meanwhile
+        return self._table_spec_of(topic_name, configs)
+
+    def _table_spec_of(self, topic_name: str, configs: Mapping[str, str]) -> TableSpec:
         name = self.topics.table_name_of(topic_name, configs)
         store = self.storage.object_store
         return layout.table_spec(store, name, topic_name, time_partition(configs))
+
+    def _is_live(self, topic_name: str, stream_id: int) -> bool:
+        topic = self.topics.get_cached(topic_name)
+        return topic is not None and stream_id in topic.streams
 
     def _history_ms(self, topic_name: str) -> int:
         topic = self.topics.get_cached(topic_name)

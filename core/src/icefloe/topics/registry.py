@@ -7,6 +7,7 @@ another broker is visible at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -24,7 +25,7 @@ from icefloe.errors import (
     KafkaError,
     NotFoundError,
 )
-from icefloe.keyspace import TOPICS, prefix_end
+from icefloe.keyspace import DELETED_TOPICS, TOPICS, prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, Follower, WatchEvent
 from icefloe.storage.engine import StreamStorage
 from icefloe.table_names import (
@@ -80,6 +81,23 @@ class Topic:
             p["created_ms"],
             version,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedTopic:
+    """A deleted topic, remembered until its tables are dropped."""
+
+    topic: Topic
+    deleted_ms: int
+
+    def encode(self) -> bytes:
+        payload = [self.topic.name, self.topic.encode(), self.deleted_ms]
+        return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls, value: bytes) -> DeletedTopic:
+        name, record, deleted_ms = msgpack.unpackb(value, raw=False)
+        return cls(Topic.decode(name, record, 0), deleted_ms)
 
 
 def is_legal_topic_name(name: str) -> bool:
@@ -201,10 +219,16 @@ class TopicRegistry:
     async def delete(self, name: str) -> Topic:
         """Delete a topic and the index of its streams (their WAL objects become orphans).
 
+        The topic is remembered as deleted until the compaction leader has dropped its tables
+        (:meth:`deleted`), so that a topic created again under the name starts with new ones.
+
         Raises:
             TopicError: ``unknown_topic_or_partition``.
         """
         topic = await self._require(name)
+        # Remembered first: a crash after the record is gone must not leave its tables behind.
+        deleted = DeletedTopic(topic, int(time.time() * 1000))
+        await self._metadata.put(DELETED_TOPICS + topic.topic_id.hex, deleted.encode())
         try:
             await self._metadata.delete(TOPICS + name, expected_version=topic.version)
         except (ConflictError, NotFoundError):
@@ -216,6 +240,29 @@ class TopicRegistry:
         for stream_id in topic.streams:
             await self._storage.delete_stream(stream_id)
         return topic
+
+    async def deleted(self) -> list[DeletedTopic]:
+        """Deleted topics whose tables are not dropped yet, oldest first.
+
+        A topic whose record is still there (its deletion failed or is under way) is not
+        listed: its tables are still in use.
+        """
+        found = []
+        async for record in self._metadata.scan_all(DELETED_TOPICS, prefix_end(DELETED_TOPICS)):
+            try:
+                deleted = DeletedTopic.decode(record.value)
+            except (ValueError, TypeError, KeyError):
+                log.warning("ignoring the malformed deleted-topic record %s", record.key)
+                continue
+            live = await self._metadata.get(TOPICS + deleted.topic.name)
+            if live is None or Topic.decode("", live.value, 0).topic_id != deleted.topic.topic_id:
+                found.append(deleted)
+        return sorted(found, key=lambda d: d.deleted_ms)
+
+    async def forget_deleted(self, deleted: DeletedTopic) -> None:
+        """Stop remembering a deleted topic: its tables are dropped."""
+        with contextlib.suppress(NotFoundError):
+            await self._metadata.delete(DELETED_TOPICS + deleted.topic.topic_id.hex)
 
     async def add_partitions(self, name: str, total: int) -> Topic:
         """Grow a topic to ``total`` partitions.
