@@ -199,3 +199,11 @@ def test_config_show_masks_secrets(tmp_path: Path) -> None:
     assert shown["metadata"]["secretive"]["password"] == "**********"
     assert shown["metadata"]["secretive"]["endpoint"] == "http://127.0.0.1:1"
     assert "hunter2" not in repr(shown)
+
+
+def test_a_batch_limit_over_the_topic_ceiling_names_both_settings() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(env={"ICEFLOE_STORAGE__MAX_BATCH_BYTES": str(32 << 20)})
+    message = one_line(exc)
+    assert "max_batch_bytes (33554432)" in message
+    assert "max_topic_batch_bytes (16777216)" in message

@@ -82,7 +82,7 @@ def test_a_null_value_is_invalid_config() -> None:
 
 
 def test_segment_settings_are_accepted_although_they_have_no_effect() -> None:
-    assert topic_configs.validate({"segment.bytes": "1048576", "segment.ms": "1"}) == {
+    assert topic_configs.validate({"segment.bytes": "1048576", "segment.ms": "1"}, DEFAULTS) == {
         "segment.bytes": "1048576",
         "segment.ms": "1",
     }
@@ -116,6 +116,36 @@ def test_max_message_bytes_defaults_to_the_storage_batch_limit() -> None:
     entry = _entry(topic_configs.describe({}, storage), "max.message.bytes")
     assert (entry.value, entry.source) == ("5000", ConfigSource.STATIC_BROKER_CONFIG)
     assert entry.synonyms[0].name == "message.max.bytes"
+
+
+def test_a_topic_may_raise_max_message_bytes_up_to_the_cluster_limit() -> None:
+    storage = StorageOptions(max_batch_bytes=1000, max_topic_batch_bytes=5000)
+    assert topic_configs.validate({"max.message.bytes": "5000"}, storage) == {
+        "max.message.bytes": "5000"
+    }
+    assert topic_configs.batch_limit({"max.message.bytes": "5000"}, storage) == 5000
+    assert topic_configs.batch_limit({"max.message.bytes": "500"}, storage) == 500
+    assert topic_configs.batch_limit({}, storage) == 1000
+    with pytest.raises(TopicError) as caught:
+        topic_configs.validate({"max.message.bytes": "5001"}, storage)
+    assert caught.value.error_code == ErrorCode.invalid_config
+    assert str(caught.value) == (
+        "max.message.bytes 5001 is over this cluster's limit of 5000 bytes "
+        "([storage] max_topic_batch_bytes)"
+    )
+
+
+def test_an_incremental_change_over_the_cluster_limit_is_refused() -> None:
+    storage = StorageOptions(max_batch_bytes=1000, max_topic_batch_bytes=5000)
+    change = [("max.message.bytes", AlterOp.SET, "6000")]
+    with pytest.raises(TopicError) as caught:
+        topic_configs.alter_incrementally({}, change, storage)
+    assert caught.value.error_code == ErrorCode.invalid_config
+
+
+def test_a_value_stored_before_the_limit_was_lowered_is_capped_by_it() -> None:
+    storage = StorageOptions(max_batch_bytes=1000, max_topic_batch_bytes=2000)
+    assert topic_configs.batch_limit({"max.message.bytes": "9000"}, storage) == 2000
 
 
 def test_max_message_bytes_default_is_a_default_when_storage_leaves_it_unset() -> None:

@@ -103,7 +103,7 @@ def create(ctx: click.Context, name: str, partitions: int | None, configs: dict[
         from icefloe.topics.configs import validate
 
         count = partitions or config.broker.default_partitions
-        return await registry.create(name, count, validate(configs))
+        return await registry.create(name, count, validate(configs, config.storage))
 
     topic = _run(ctx, work)
     plural = "s" if topic.partitions != 1 else ""

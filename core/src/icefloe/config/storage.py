@@ -38,7 +38,11 @@ class StorageOptions(BaseModel):
     """Bytes accepted but not yet committed; past it, appends wait (back-pressure)."""
     max_inflight_flushes: int = Field(default=4, ge=1)
     max_batch_bytes: int = Field(default=1 << 20, gt=0)
-    """Largest record batch accepted (Kafka's ``message.max.bytes``)."""
+    """Largest record batch accepted (Kafka's ``message.max.bytes``); a topic's
+    ``max.message.bytes`` overrides it, up to ``max_topic_batch_bytes``."""
+    max_topic_batch_bytes: int = Field(default=16 << 20, gt=0)
+    """The most a topic's ``max.message.bytes`` may be: every batch up to it is held whole in
+    memory until its WAL object is durable."""
     wal_cache_bytes: int = Field(default=64 << 20, ge=0)
     """This process's recent WAL objects kept in memory for reads."""
     index_cache_entries: int = Field(default=100_000, ge=0)
@@ -77,6 +81,16 @@ class StorageOptions(BaseModel):
             if self.profile is None
             else (PROFILES[self.profile][0])
         )
+
+    @model_validator(mode="after")
+    def _batch_limits_fit(self) -> Self:
+        if not self.max_batch_bytes <= self.max_topic_batch_bytes <= self.max_buffered_bytes:
+            raise ValueError(
+                f"max_batch_bytes ({self.max_batch_bytes}) <= max_topic_batch_bytes "
+                f"({self.max_topic_batch_bytes}) <= max_buffered_bytes "
+                f"({self.max_buffered_bytes}) must hold"
+            )
+        return self
 
     @model_validator(mode="after")
     def _grace_exceeds_deadline(self) -> Self:

@@ -174,13 +174,17 @@ class StreamStorage:
         """
         return await (await self.submit_batches(stream_id, data))
 
-    async def submit_batches(self, stream_id: int, data: bytes | memoryview) -> asyncio.Future[int]:
+    async def submit_batches(
+        self, stream_id: int, data: bytes | memoryview, *, max_batch_bytes: int | None = None
+    ) -> asyncio.Future[int]:
         """Validate and buffer batches; the future gives the first offset once committed.
 
-        See :meth:`WalWriter.submit` for why the two steps are separate.
+        ``max_batch_bytes`` is the stream's batch limit (default: ``[storage]
+        max_batch_bytes``). See :meth:`WalWriter.submit` for why the two steps are separate.
         """
         view = memoryview(data)
-        infos = split_and_validate(view, max_batch_bytes=self.options.max_batch_bytes)
+        limit = self.options.max_batch_bytes if max_batch_bytes is None else max_batch_bytes
+        infos = split_and_validate(view, max_batch_bytes=limit)
         valid = [
             ValidBatch(
                 data=view[info.position : info.position + info.size],

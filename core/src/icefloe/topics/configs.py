@@ -40,6 +40,7 @@ TABLE_IDENTIFIER_CONFIG: Final = IDENTIFIER_CONFIG
 TIME_PARTITION_CONFIG: Final = TIME_PARTITION
 """``none``, ``hour`` or ``day``: also partition the topic's tables by the record timestamp."""
 TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
+MAX_MESSAGE_BYTES_CONFIG: Final = "max.message.bytes"
 """``keep`` (rows stay in the tables after retention) or ``delete`` (they leave them too)."""
 
 _INT_RANGE: Final = (-(2**31), 2**31 - 1)
@@ -257,11 +258,12 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "topic keeps everything).",
             ),
             ConfigKey(
-                "max.message.bytes",
+                MAX_MESSAGE_BYTES_CONFIG,
                 _Number(ConfigType.INT, 0),
                 str(StorageOptions.model_fields["max_batch_bytes"].default),
-                "Largest record batch a producer may send to this topic. Batches are never "
-                "larger than the broker's storage.max_batch_bytes (the default) either.",
+                "Largest record batch a producer may send to this topic; the default is the "
+                "broker's message.max.bytes ([storage] max_batch_bytes), and a topic may set "
+                "it higher, up to [storage] max_topic_batch_bytes.",
                 BrokerDefault("message.max.bytes", "max_batch_bytes"),
             ),
             ConfigKey(
@@ -438,13 +440,39 @@ def validate_value(name: str, value: str | None) -> str:
         ) from None
 
 
-def validate(configs: Mapping[str, str | None]) -> dict[str, str]:
+def validate(configs: Mapping[str, str | None], storage: StorageOptions) -> dict[str, str]:
     """A whole set of topic configs, normalised.
 
     Raises:
-        TopicError: ``invalid_config`` for the first unknown key or bad value.
+        TopicError: ``invalid_config`` for the first unknown key or bad value, or a value
+            this cluster's settings cannot honour.
     """
-    return {name: validate_value(name, value) for name, value in configs.items()}
+    valid = {name: validate_value(name, value) for name, value in configs.items()}
+    check_limits(valid, storage)
+    return valid
+
+
+def check_limits(configs: Mapping[str, str], storage: StorageOptions) -> None:
+    """Refuse valid values that this cluster's settings cannot honour.
+
+    Raises:
+        TopicError: ``invalid_config`` naming the setting that sets the limit.
+    """
+    limit = storage.max_topic_batch_bytes
+    if int(configs.get(MAX_MESSAGE_BYTES_CONFIG, 0)) > limit:
+        raise TopicError(
+            ErrorCode.invalid_config,
+            f"{MAX_MESSAGE_BYTES_CONFIG} {configs[MAX_MESSAGE_BYTES_CONFIG]} is over this "
+            f"cluster's limit of {limit} bytes ([storage] max_topic_batch_bytes)",
+        )
+
+
+def batch_limit(configs: Mapping[str, str], storage: StorageOptions) -> int:
+    """The largest batch a producer may send to a topic with ``configs``."""
+    own = configs.get(MAX_MESSAGE_BYTES_CONFIG)
+    if own is None:
+        return storage.max_batch_bytes
+    return min(int(own), storage.max_topic_batch_bytes)  # stored before the limit was lowered
 
 
 def effective_value(configs: Mapping[str, str], name: str, storage: StorageOptions) -> str:
@@ -491,6 +519,7 @@ def alter_incrementally(
             else [v for v in current if v not in given]
         )
         result[name] = ",".join(items)
+    check_limits(result, storage)
     return result
 
 

@@ -235,8 +235,11 @@ _Change = Callable[[dict[str, str]], dict[str, str]]
 async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
     """Replace each resource's whole config set: configs not named return to their defaults."""
 
+    storage = ctx.broker.config.storage
+
     def replacement(resource: Any) -> _Change:
-        return lambda _current: topic_configs.validate({c.name: c.value for c in resource.configs})
+        wanted = {c.name: c.value for c in resource.configs}
+        return lambda _current: topic_configs.validate(wanted, storage)
 
     return await _alter_all(ctx, request, replacement, "AlterConfigsResponse")
 

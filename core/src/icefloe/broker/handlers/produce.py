@@ -28,6 +28,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
 from icefloe.errors import IcefloeError, KafkaError
 from icefloe.storage import batch
+from icefloe.topics.configs import batch_limit
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,12 @@ async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> No
             "produce requests must carry exactly one record batch per partition",
         )
     else:
+        topic = ctx.broker.topics.get_cached(target.topic)  # cached by stream_of
+        limit = batch_limit(topic.configs if topic else {}, ctx.broker.config.storage)
         try:
-            target.pending = await ctx.broker.storage.submit_batches(stream_id, records)
+            target.pending = await ctx.broker.storage.submit_batches(
+                stream_id, records, max_batch_bytes=limit
+            )
         except IcefloeError as exc:
             target.fail(*_write_error(exc))
 

@@ -102,7 +102,9 @@ def _plan(ctx: RequestContext, wanted: Any) -> _NewTopic:
     return _NewTopic(
         wanted.name,
         _partition_count(ctx, wanted),
-        topic_configs.validate({c.name: c.value for c in _unique_configs(wanted.configs)}),
+        topic_configs.validate(
+            {c.name: c.value for c in _unique_configs(wanted.configs)}, ctx.broker.config.storage
+        ),
     )
 
 
