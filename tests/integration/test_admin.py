@@ -208,6 +208,7 @@ def test_confluent_topics_that_differ_only_in_dot_and_underscore_collide(
     assert code == KafkaError.TOPIC_EXCEPTION  # both would be the table icefloe.<…>_x
 
 
+@pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning")
 def test_confluent_a_table_alias_another_topic_has_is_invalid_config(
     confluent: AdminClient, topic: str
 ) -> None:
