@@ -117,6 +117,16 @@ def test_confluent_describes_configs_set_at_creation_and_defaults(
     assert (policy.value, policy.source) == ("delete", ConfigSource.DEFAULT_CONFIG.value)
 
 
+def test_confluent_a_replication_factor_of_three_is_accepted_and_one_replica_named(
+    confluent: AdminClient, topic: str
+) -> None:
+    done(confluent.create_topics([NewTopic(topic, 2, 3)]))
+    partitions = confluent.list_topics(topic, timeout=TIMEOUT).topics[topic].partitions
+    assert [(p.replicas, p.isrs) for p in partitions.values()] == [
+        ([p.leader], [p.leader]) for p in partitions.values()
+    ]
+
+
 def test_confluent_validate_only_creates_nothing(confluent: AdminClient, topic: str) -> None:
     done(confluent.create_topics([NewTopic(topic, 2, 1)], validate_only=True))
     assert topic not in confluent.list_topics(timeout=TIMEOUT).topics
