@@ -1,9 +1,12 @@
-"""`icefloe tables` reports a topic's tables without creating them."""
+"""`icefloe tables` reports a topic's tables without creating them; the commands that work on
+stored data take --data-dir and refuse a folder that holds none."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,32 @@ def test_tables_reports_a_table_not_yet_created_and_leaves_it_so(
         ("iceberg", 1, 1, 0),
         ("delta", 1, 1, 0),
     }
+
+
+def test_tables_takes_the_data_dir_option(tmp_path: Path) -> None:
+    asyncio.run(seed(tmp_path))
+    rows = json.loads(run("tables", "--data-dir", str(tmp_path), "--json"))
+    assert {r["topic"] for r in rows} == {"t"}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("tables",), ("compact",), ("maintain",), ("topics", "list"), ("groups", "list")],
+)
+def test_a_command_run_where_there_is_no_data_says_so_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    monkeypatch.delenv("ICEFLOE_DATA_DIR", raising=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "icefloe", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: no Icefloe data in {tmp_path / 'icefloe-data'}: run this where `icefloe serve` "
+        "keeps its data, or pass --data-dir (or set data_dir in the configuration)\n"
+    )
+    assert not (tmp_path / "icefloe-data").exists()

@@ -115,11 +115,13 @@ def test_an_invalid_name_is_a_one_line_error(topics: Topics) -> None:
 
 
 def test_describing_an_unknown_topic_is_a_one_line_error(topics: Topics) -> None:
+    topics("create", "other")
     result = topics("describe", "nope")
     assert (result.returncode, result.stderr) == (2, "error: topic 'nope' does not exist\n")
 
 
 def test_deleting_an_unknown_topic_is_a_one_line_error(topics: Topics) -> None:
+    topics("create", "other")
     result = topics("delete", "nope")
     assert (result.returncode, result.stderr) == (2, "error: topic 'nope' does not exist\n")
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from icefloe import config as configuration
+from icefloe.cli import data_dir
+from icefloe.cli.data_dir import data_dir_option
 
 if TYPE_CHECKING:
     from icefloe.storage.engine import StreamStorage
@@ -23,22 +24,15 @@ T = TypeVar("T")
 
 
 @click.group("groups")
-@click.option(
-    "--data-dir", type=click.Path(file_okay=False), help="Data folder (embedded backends)."
-)
-@click.pass_context
-def groups(ctx: click.Context, data_dir: str | None) -> None:
+@data_dir_option
+def groups() -> None:
     """List consumer groups; describe members, assignments, committed offsets and lag."""
-    if data_dir is not None:
-        ctx.obj["overrides"] = {"data_dir": data_dir}
 
 
 def _run(ctx: click.Context, work: Callable[[StreamStorage], Awaitable[T]]) -> T:
     from icefloe.storage.engine import StreamStorage
 
-    config = configuration.load_config(
-        ctx.obj.get("config_path"), overrides=ctx.obj.get("overrides")
-    )
+    config = data_dir.load(ctx)
 
     async def main() -> T:
         storage = await StreamStorage.open(config)

@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import click
 
-from icefloe import config as configuration
+from icefloe.cli import data_dir
+from icefloe.cli.data_dir import data_dir_option
 from icefloe.compaction.service import LEADER_KEY, Compactor, Progress
 from icefloe.errors import (
     AlreadyExistsError,
@@ -30,7 +31,7 @@ T = TypeVar("T")
 
 @asynccontextmanager
 async def _compactor(ctx: click.Context) -> AsyncIterator[Compactor]:
-    config = configuration.load_config(ctx.obj.get("config_path"))
+    config = data_dir.load(ctx)
     async with await StreamStorage.open(config) as storage:
         topics = TopicRegistry(storage, config.table.identifier)
         await topics.start()
@@ -51,6 +52,7 @@ def _run(ctx: click.Context, body: Callable[[Compactor], Awaitable[T]]) -> T:
 
 
 @click.command()
+@data_dir_option
 @click.option("--until-idle", is_flag=True, help="Compact everything now, ignoring ages and sizes.")
 @click.pass_context
 def compact(ctx: click.Context, until_idle: bool) -> None:
@@ -75,6 +77,7 @@ def compact(ctx: click.Context, until_idle: bool) -> None:
 
 
 @click.command()
+@data_dir_option
 @click.pass_context
 def maintain(ctx: click.Context) -> None:
     """Maintain the tables now: merge small data files, delete unreferenced ones.
@@ -114,6 +117,7 @@ async def _leading(compactor: Compactor) -> AsyncIterator[None]:
 
 
 @click.command()
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def tables(ctx: click.Context, as_json: bool) -> None:

@@ -15,6 +15,8 @@ import click
 from kio.schema.errors import ErrorCode
 
 from icefloe import config as configuration
+from icefloe.cli import data_dir
+from icefloe.cli.data_dir import data_dir_option
 
 if TYPE_CHECKING:
     # The storage engine and kio take a while to import: only these commands need them.
@@ -32,27 +34,25 @@ _SOURCES = {
 
 
 @click.group("topics")
-@click.option(
-    "--data-dir", type=click.Path(file_okay=False), help="Data folder (embedded backends)."
-)
-@click.pass_context
-def topics(ctx: click.Context, data_dir: str | None) -> None:
+@data_dir_option
+def topics() -> None:
     """Create, list, describe and delete topics, straight in the configured storage."""
-    if data_dir is not None:
-        ctx.obj["overrides"] = {"data_dir": data_dir}
 
 
 def _run(
     ctx: click.Context,
     work: Callable[[TopicRegistry, StreamStorage, configuration.Config], Awaitable[T]],
+    *,
+    creates: bool = False,
 ) -> T:
-    """Open the storage, run ``work`` with a topic registry over it, close everything."""
+    """Open the storage, run ``work`` with a topic registry over it, close everything.
+
+    Only a command that ``creates`` a topic may start a new data folder.
+    """
     from icefloe.storage.engine import StreamStorage
     from icefloe.topics.registry import TopicRegistry
 
-    config = configuration.load_config(
-        ctx.obj.get("config_path"), overrides=ctx.obj.get("overrides")
-    )
+    config = data_dir.load(ctx, must_exist=not creates)
 
     async def main() -> T:
         storage = await StreamStorage.open(config)
@@ -105,7 +105,7 @@ def create(ctx: click.Context, name: str, partitions: int | None, configs: dict[
         count = partitions or config.broker.default_partitions
         return await registry.create(name, count, validate(configs, config.storage))
 
-    topic = _run(ctx, work)
+    topic = _run(ctx, work, creates=True)
     plural = "s" if topic.partitions != 1 else ""
     click.echo(
         f"created topic {topic.name} ({topic.partitions} partition{plural}, id {topic.topic_id})"
