@@ -1,7 +1,7 @@
 """Invariant 4 (docs/design.md) with real clients: what a Kafka consumer reads is the same before
 and after the topic is compacted into Parquet, for every compression codec, and for a topic
 whose tables are partitioned by hour (its producer batches straddle hours, so compaction cuts
-them in two)."""
+them in two). And a topic deleted and created again gets new tables."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from deltalake import DeltaTable
 from kafka import KafkaConsumer, TopicPartition
 
 from tests.support.broker import RunningIcefloe, start_icefloe
@@ -167,3 +168,40 @@ def test_batches_cut_at_an_hour_read_the_same_after_compaction(tmp_path: Path) -
     finally:
         assert running.stop() == 0
     assert by_librdkafka == [(p, o, v) for p, o, _, _, v, _ in before]
+
+
+def test_a_topic_deleted_and_created_again_starts_with_new_tables(tmp_path: Path) -> None:
+    running = compacted(tmp_path / "data")
+    admin = AdminClient({"bootstrap.servers": running.bootstrap})
+    try:
+        for generation, count in (("old", 50), ("new", 5)):
+            admin.create_topics([NewTopic("cycle", 1, 1)])["cycle"].result(30)
+            producer = Producer({"bootstrap.servers": running.bootstrap})
+            for i in range(count):
+                producer.produce("cycle", value=f"{generation} {i}".encode())
+            producer.flush(30)
+            rows = wait_for_tables(running, "cycle", count)
+            if generation == "old":
+                admin.delete_topics(["cycle"])["cycle"].result(30)
+        delta = next(row for row in rows if row["format"] == "delta")
+        values = DeltaTable(str(delta["location"])).to_pyarrow_table().column("value")
+        assert sorted(values.to_pylist()) == [f"new {i}".encode() for i in range(5)]
+        files = {row["format"]: row["files"] for row in rows}
+        assert files["iceberg"] == files["delta"] == len(delta_files(delta))
+    finally:
+        assert running.stop() == 0
+
+
+def delta_files(row: dict[str, object]) -> list[str]:
+    return list(DeltaTable(str(row["location"])).file_uris())
+
+
+def wait_for_tables(running: RunningIcefloe, topic: str, records: int) -> list[dict[str, object]]:
+    """The topic's table rows of `icefloe tables` once ``records`` are in both tables."""
+    deadline = time.monotonic() + 60
+    while True:
+        rows = [row for row in tables(running) if row["topic"] == topic]
+        if len(rows) == 2 and all(row["lag_records"] == 0 and row["commit"] for row in rows):
+            return rows
+        assert time.monotonic() < deadline, f"the tables never caught up: {rows}"
+        time.sleep(0.5)
