@@ -67,6 +67,32 @@ async def test_compaction_leaves_what_consumers_read_unchanged(
         assert comparable(await read_all(storage, stream)) == comparable(before[stream])
 
 
+async def test_fetches_smaller_than_a_row_group_rebuild_it_once(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    for _ in range(5):  # a file larger than the footer read, so a row group needs its own GET
+        values = [os.urandom(1000).hex().encode() for _ in range(20)]
+        await storage.append(stream, [Record(i, 0, None, v) for i, v in enumerate(values)])
+    expected = comparable(await read_all(storage, stream))
+    await compactor.until_idle()
+    [entry] = await storage.index.scan(stream)
+    assert isinstance(entry.location, ParquetLocation)
+    assert len(entry.location.row_groups) == 1
+
+    store = storage.object_store
+    gets = store.stats.requests[RequestKind.GET]
+    got: list[Record] = []
+    while len(got) < 100:
+        batch = await storage.read_records(stream, len(got), max_bytes=1)  # one batch a fetch
+        assert [r.offset for r in batch] == list(range(len(got), len(got) + 20))
+        got.extend(batch)
+    assert comparable(got) == expected
+    # The footer and the row group, once for all five fetches.
+    assert store.stats.requests[RequestKind.GET] - gets == 2
+
+
 async def test_reads_from_parquet_start_at_any_offset(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
 ) -> None:

@@ -35,6 +35,7 @@ def client_data_bytes(broker: BrokerOptions, storage: StorageOptions) -> int:
     """
     fixed = {
         "[storage] wal_cache_bytes": storage.wal_cache_bytes,
+        "[storage] rebuilt_cache_bytes": storage.rebuilt_cache_bytes,
         "[storage] index_cache_entries": storage.index_cache_entries * INDEX_ENTRY_BYTES,
         "sealed WAL objects ([storage] flush_bytes x max_inflight_flushes)": (
             storage.largest_flush_bytes * storage.max_inflight_flushes

@@ -37,8 +37,9 @@ class BrokerOptions(BaseModel):
     max_memory_bytes: int = Field(default=512 << 20, gt=0)
     """Memory for client data in this broker process: requests and responses in flight over
     every connection, plus what the read caches and the WAL write buffer are configured to
-    hold ([storage] wal_cache_bytes, index_cache_entries, flush_bytes x max_inflight_flushes),
-    which come out of it first. When it is spent, the broker reads no further requests until
-    responses go out, and fetches return less (back-pressure, never growth)."""
+    hold ([storage] wal_cache_bytes, rebuilt_cache_bytes, index_cache_entries, flush_bytes x
+    max_inflight_flushes), which come out of it first. When it is spent, the broker reads no
+    further requests until responses go out, and fetches return less (back-pressure, never
+    growth)."""
     session_ttl_s: float = Field(default=10.0, gt=0)
     """How long a dead broker stays listed before its registration expires."""

@@ -45,6 +45,9 @@ class StorageOptions(BaseModel):
     memory until its WAL object is durable."""
     wal_cache_bytes: int = Field(default=64 << 20, ge=0)
     """This process's recent WAL objects kept in memory for reads."""
+    rebuilt_cache_bytes: int = Field(default=32 << 20, ge=0)
+    """Kafka batches rebuilt from Parquet row groups, kept for the catch-up fetches that
+    follow."""
     index_cache_entries: int = Field(default=100_000, ge=0)
     """Offset-index entries cached across all streams."""
     commit_deadline_s: float = Field(default=60.0, gt=0)

@@ -68,7 +68,9 @@ class StreamStorage:
         self._recent = RecentWalObjects(options.wal_cache_bytes)
         self.producers = ProducerStates(metadata, self.index, options.producer_lease_s)
         self._writer = WalWriter(wal, self.offset_index, options, self._recent, self.producers)
-        self._reader = StreamReader(wal, object_store, self.index, self._recent)
+        self._reader = StreamReader(
+            wal, object_store, self.index, self._recent, options.rebuilt_cache_bytes
+        )
         self._orphans = OrphanCollector(wal, metadata, options.orphan_grace_s)
 
     @classmethod

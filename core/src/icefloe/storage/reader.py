@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -19,6 +20,7 @@ from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.parquet_reader import ParquetRangeReader
 from icefloe.storage.rebuild import rebuild_batches
+from icefloe.storage.rebuilt import RebuiltGroup, RebuiltGroups
 from icefloe.storage.recent import RecentWalObjects
 
 MAX_ENTRIES_PER_READ = 64
@@ -52,12 +54,18 @@ class StreamReader:
     compacted Parquet files."""
 
     def __init__(
-        self, wal: WAL, store: ObjectStore, index: IndexReader, recent: RecentWalObjects
+        self,
+        wal: WAL,
+        store: ObjectStore,
+        index: IndexReader,
+        recent: RecentWalObjects,
+        rebuilt_cache_bytes: int,
     ) -> None:
         self._wal = wal
         self._index = index
         self._recent = recent
         self._parquet = ParquetRangeReader(store)
+        self._rebuilt = RebuiltGroups(rebuilt_cache_bytes)
 
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> ReadResult:
         """Batches from ``offset`` on, up to ``max_bytes`` (but always one whole batch if any).
@@ -137,17 +145,23 @@ class StreamReader:
         groups = location.row_groups_from(offset)
         next_offset = offset
         for i, group in enumerate(groups):
-            rebuilt = await self._from_row_group(location, group, _rebuild_from, offset)
-            if len(out) + len(rebuilt) > max_bytes:
-                # A row group holds many batches: take those that fit (the first one always).
-                taken, after = _whole_batches_within(rebuilt, max_bytes - len(out), not out)
-                out += memoryview(rebuilt)[:taken]
-                return (after if taken else next_offset), False
-            out += rebuilt
-            next_offset = location.row_groups[group][1] + 1
+            rebuilt = await self._rebuilt.get(
+                (location.key, group), functools.partial(self._rebuild, location, group)
+            )
+            # A row group holds many batches: take those that fit (the first one always).
+            first = rebuilt.first_batch_for(offset)
+            after = rebuilt.batches_within(first, max_bytes - len(out), not out)
+            if after > first:
+                out += memoryview(rebuilt.data)[rebuilt.positions[first] : rebuilt.positions[after]]
+                next_offset = rebuilt.next_offsets[after - 1]
+            if after < rebuilt.batch_count:
+                return next_offset, False
             if len(out) >= max_bytes:
                 return next_offset, i == len(groups) - 1
         return next_offset, True
+
+    async def _rebuild(self, location: ParquetLocation, group: int) -> RebuiltGroup:
+        return await self._from_row_group(location, group, _rebuild_group, 0)
 
     async def _from_row_group(
         self, location: ParquetLocation, group: int, work: Callable[[pa.Table, int], T], arg: int
@@ -225,19 +239,6 @@ class StreamReader:
         return None
 
 
-def _whole_batches_within(data: bytes, room: int, at_least_one: bool) -> tuple[int, int]:
-    """(bytes, next offset) of the leading whole batches of ``data`` that fit in ``room``."""
-    position = 0
-    next_offset = -1
-    while position < len(data):
-        header = batches.read_header(data, position)
-        if position + header.size > room and not (at_least_one and position == 0):
-            break
-        position += header.size
-        next_offset = header.base_offset + header.last_offset_delta + 1
-    return position, next_offset
-
-
 def _first_at_or_after(table: pa.Table, timestamp_ms: int) -> int | None:
     """The offset of the first row at or after ``timestamp_ms``, if any."""
     micros = pc.cast(table.column("timestamp"), pa.int64())
@@ -245,16 +246,5 @@ def _first_at_or_after(table: pa.Table, timestamp_ms: int) -> int | None:
     return int(hits[0].as_py()) if len(hits) else None
 
 
-def _rebuild_from(table: pa.Table, offset: int) -> bytes:
-    return rebuild_batches(_from_batch_holding(table, offset))
-
-
-def _from_batch_holding(table: pa.Table, offset: int) -> pa.Table:
-    """The rows of ``table`` from the batch holding ``offset`` on (batches are never split)."""
-    offsets = table.column("offset")
-    later = pc.greater_equal(offsets, offset)
-    if not pc.any(later).as_py():
-        return table.slice(0, 0)
-    first_row = int(pc.index(later, True).as_py())
-    base = table.column("batch_base_offset")[first_row]
-    return table.filter(pc.greater_equal(table.column("batch_base_offset"), base))
+def _rebuild_group(table: pa.Table, _unused: int) -> RebuiltGroup:
+    return RebuiltGroup.of(rebuild_batches(table))

@@ -1,0 +1,118 @@
+"""Kafka batches rebuilt from Parquet row groups, kept for the fetches that follow.
+
+A consumer catching up asks for each partition's next megabyte or so, and a row group holds
+about that much: without a cache, most row groups would be read and rebuilt twice (once for
+the batches that fit in one fetch, again for the rest), and every consumer of a topic would
+rebuild the same groups again. Groups are kept by bytes, least recently used first out, and
+concurrent fetches of one group share a single load.
+
+Entries never go stale: a data file's key names its stream and offset range, and a file is
+written once; a file that is deleted simply stops being asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from icefloe.storage import batch as batches
+
+GroupKey = tuple[str, int]
+"""(object key of the data file, row group)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RebuiltGroup:
+    """The record batches of one row group, back to back, and where each one is."""
+
+    data: bytes
+    positions: list[int]
+    """Where each batch starts in ``data``, then ``len(data)``."""
+    next_offsets: list[int]
+    """The offset after each batch's last record."""
+
+    @classmethod
+    def of(cls, data: bytes) -> RebuiltGroup:
+        positions = [0]
+        next_offsets = []
+        while positions[-1] < len(data):
+            header = batches.read_header(data, positions[-1])
+            positions.append(positions[-1] + header.size)
+            next_offsets.append(header.base_offset + header.last_offset_delta + 1)
+        return cls(data, positions, next_offsets)
+
+    @property
+    def batch_count(self) -> int:
+        return len(self.next_offsets)
+
+    def first_batch_for(self, offset: int) -> int:
+        """The index of the batch holding ``offset``, or of the first batch after it."""
+        return bisect.bisect_right(self.next_offsets, offset)
+
+    def batches_within(self, first: int, room: int, at_least_one: bool) -> int:
+        """The index after the last batch from ``first`` on that fits in ``room`` bytes
+        (``first`` itself whatever its size, if ``at_least_one``)."""
+        limit = self.positions[first] + room
+        last = bisect.bisect_right(self.positions, limit, lo=first) - 1
+        if last == first and at_least_one and first < self.batch_count:
+            return first + 1
+        return last
+
+
+class RebuiltGroups:
+    """A byte-bounded LRU of rebuilt row groups."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self._capacity = capacity_bytes
+        self._groups: OrderedDict[GroupKey, RebuiltGroup] = OrderedDict()
+        self._size = 0
+        self._loading: dict[GroupKey, asyncio.Future[RebuiltGroup]] = {}
+
+    async def get(self, key: GroupKey, load: Callable[[], Awaitable[RebuiltGroup]]) -> RebuiltGroup:
+        """The group ``key``: from the cache, from a load already under way, or ``load()``."""
+        while (pending := self._loading.get(key)) is not None:
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not pending.cancelled() or (task is not None and task.cancelling()):
+                    raise
+                # The fetch that was loading the group was cancelled, not this one: load it.
+        group = self._groups.get(key)
+        if group is not None:
+            self._groups.move_to_end(key)
+            return group
+        future: asyncio.Future[RebuiltGroup] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            group = await load()
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no warning when nobody else waited
+            raise
+        else:
+            future.set_result(group)
+            self._keep(key, group)
+            return group
+        finally:
+            del self._loading[key]
+
+    def _keep(self, key: GroupKey, group: RebuiltGroup) -> None:
+        size = len(group.data)
+        if size > self._capacity:
+            return
+        self._groups[key] = group
+        self._size += size
+        while self._size > self._capacity:
+            _, evicted = self._groups.popitem(last=False)
+            self._size -= len(evicted.data)
+
+    @property
+    def size(self) -> int:
+        return self._size

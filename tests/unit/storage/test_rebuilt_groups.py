@@ -1,0 +1,136 @@
+"""The cache of batches rebuilt from row groups: where each batch is, what fits in a fetch, a
+bound on bytes, and one load per group however many fetches want it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from icefloe.storage.rebuilt import RebuiltGroup, RebuiltGroups
+from icefloe.storage.records import Record, build_batch
+
+
+def group_of(*sizes: int, first_offset: int = 100) -> RebuiltGroup:
+    """Batches of ``sizes`` records each, offsets from ``first_offset`` on."""
+    data = bytearray()
+    offset = first_offset
+    for count in sizes:
+        batch = bytearray(build_batch([Record(i, 0, None, b"v" * 10) for i in range(count)]))
+        batch[0:8] = offset.to_bytes(8, "big")  # the base offset, as the rebuild writes it
+        data += batch
+        offset += count
+    return RebuiltGroup.of(bytes(data))
+
+
+def test_batches_are_found_by_offset() -> None:
+    group = group_of(3, 2, 4)  # offsets 100-102, 103-104, 105-108
+    assert group.next_offsets == [103, 105, 109]
+    assert [group.first_batch_for(o) for o in (0, 100, 102, 103, 104, 108, 109)] == [
+        0,
+        0,
+        0,
+        1,
+        1,
+        2,
+        3,
+    ]
+
+
+def test_only_whole_batches_that_fit_are_taken_but_always_one() -> None:
+    group = group_of(3, 2, 4)
+    sizes = [b - a for a, b in zip(group.positions, group.positions[1:], strict=False)]
+    assert group.batches_within(0, sizes[0] + sizes[1], at_least_one=False) == 2
+    assert group.batches_within(0, sizes[0] + sizes[1] - 1, at_least_one=False) == 1
+    assert group.batches_within(1, 1, at_least_one=False) == 1
+    assert group.batches_within(1, 1, at_least_one=True) == 2
+    assert group.batches_within(0, 1 << 20, at_least_one=False) == 3
+    assert group.batches_within(3, 1 << 20, at_least_one=True) == 3
+
+
+async def test_the_cache_keeps_to_its_bound_evicting_the_least_recently_used() -> None:
+    group = group_of(5)
+    cache = RebuiltGroups(capacity_bytes=2 * len(group.data))
+    loads: list[str] = []
+
+    async def load(name: str) -> RebuiltGroup:
+        loads.append(name)
+        return group
+
+    for name in ("a", "b", "a", "c", "a", "b"):
+        await cache.get((name, 0), lambda name=name: load(name))
+    assert loads == ["a", "b", "c", "b"]  # c pushed b out; a stayed, being used
+    assert cache.size == 2 * len(group.data)
+
+
+async def test_a_group_larger_than_the_cache_is_returned_and_not_kept() -> None:
+    group = group_of(5)
+    cache = RebuiltGroups(capacity_bytes=len(group.data) - 1)
+
+    async def load() -> RebuiltGroup:
+        return group
+
+    assert await cache.get(("a", 0), load) is group
+    assert cache.size == 0
+
+
+async def test_concurrent_fetches_of_a_group_share_one_load() -> None:
+    cache = RebuiltGroups(1 << 20)
+    release = asyncio.Event()
+    loads = 0
+
+    async def load() -> RebuiltGroup:
+        nonlocal loads
+        loads += 1
+        await release.wait()
+        return group_of(2)
+
+    waiting = [asyncio.create_task(cache.get(("f", 1), load)) for _ in range(5)]
+    await asyncio.sleep(0)
+    release.set()
+    results = await asyncio.gather(*waiting)
+    assert loads == 1
+    assert all(r is results[0] for r in results)
+
+
+async def test_a_failed_load_fails_its_waiters_and_the_next_fetch_loads_again() -> None:
+    cache = RebuiltGroups(1 << 20)
+    release = asyncio.Event()
+
+    async def broken() -> RebuiltGroup:
+        await release.wait()
+        raise OSError("gone")
+
+    first = asyncio.create_task(cache.get(("f", 0), broken))
+    second = asyncio.create_task(cache.get(("f", 0), broken))
+    await asyncio.sleep(0)
+    release.set()
+    for task in (first, second):
+        with pytest.raises(OSError, match="gone"):
+            await task
+
+    async def working() -> RebuiltGroup:
+        return group_of(1)
+
+    assert (await cache.get(("f", 0), working)).batch_count == 1
+
+
+async def test_a_cancelled_loader_does_not_cancel_the_fetches_waiting_for_it() -> None:
+    cache = RebuiltGroups(1 << 20)
+    hang = asyncio.Event()
+
+    async def stuck() -> RebuiltGroup:
+        await hang.wait()
+        raise AssertionError("never released")
+
+    async def working() -> RebuiltGroup:
+        return group_of(3)
+
+    loader = asyncio.create_task(cache.get(("f", 0), stuck))
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(cache.get(("f", 0), working))
+    await asyncio.sleep(0)
+    loader.cancel()
+    assert (await waiter).batch_count == 1
+    with pytest.raises(asyncio.CancelledError):
+        await loader
