@@ -5,6 +5,7 @@ deletes table rows, and orphaned files cleaned up."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -142,6 +143,24 @@ async def test_orphaned_data_files_are_deleted_and_referenced_ones_kept(parts: P
 
     assert await data_files(storage, "events") == live
     assert await storage.object_store.head(other) is not None  # not a data file: not touched
+
+
+async def test_many_orphans_are_logged_in_one_line(
+    parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage, _, compactor = parts
+    await small_files(parts, 1, **{ORPHAN_AGE_CONFIG: "0"})
+    strays = [layout.data_file("events", 0, f"stray-{i}.parquet") for i in range(50)]
+    for key in strays:
+        await storage.object_store.put(key, b"left by a crash")
+    await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.INFO, logger="icefloe.compaction.maintenance"):
+        assert sorted(await compactor.collect_garbage()) == sorted(strays)
+
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert line.startswith("deleted 50 orphaned data files (tables/events/partition=0/stray-0")
+    assert line.endswith(", …) of topic events")
 
 
 async def test_orphans_stay_when_cleanup_is_off(parts: Parts) -> None:

@@ -1,8 +1,9 @@
-"""Log lines that a hostile or retrying peer could repeat without end, each at most so often.
+"""Log lines that could repeat without end, kept few.
 
 A consumer retries a failed fetch every few hundred milliseconds; a scanner may send a bad
 frame per millisecond. Each distinct message is logged once, then again only after
-``every_s`` seconds, with how many times it was held back meanwhile.
+``every_s`` seconds, with how many times it was held back meanwhile. And a clean-up that
+deletes thousands of objects says so in one line (:func:`summary`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from collections import OrderedDict
 
 MAX_MESSAGES = 1024
 """Distinct messages remembered; the oldest is forgotten first (memory stays bounded)."""
+
+
+def summary(keys: list[str], noun: str, shown: int = 3) -> str:
+    """``keys`` counted in one line, the first few named: ``2 orphaned files (a, b)``."""
+    named = ", ".join(keys[:shown]) + (", …" if len(keys) > shown else "")
+    return f"{len(keys)} {noun}{'' if len(keys) == 1 else 's'} ({named})"
 
 
 class QuietLog:

@@ -25,6 +25,7 @@ from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import NotFoundError
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TableFormat, TimePartition
+from icefloe.quiet_log import summary
 from icefloe.storage.index import IndexEntry, ParquetLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.tables import layout
@@ -188,8 +189,10 @@ async def sweep_orphans(
         referenced.update(f"{root}{f.path}" for f in files)
     orphans = [key for key in candidates if key not in referenced]
     for key in orphans:
-        log.info("deleting orphaned data file %s of topic %s", key, topic.name)
+        log.debug("deleting orphaned data file %s", key)
         await store.delete(key)
+    if orphans:
+        log.info("deleted %s of topic %s", summary(orphans, "orphaned data file"), topic.name)
     return orphans
 
 

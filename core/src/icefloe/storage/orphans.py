@@ -14,6 +14,7 @@ import time
 
 from icefloe.ports.metadata import MetadataStore
 from icefloe.ports.wal import WAL
+from icefloe.quiet_log import summary
 from icefloe.storage import index, keys
 from icefloe.storage.index import WalLocation
 
@@ -39,8 +40,10 @@ class OrphanCollector:
         referenced = await self.referenced_refs()
         orphans = [ref for ref in candidates if ref not in referenced]
         for ref in orphans:
-            log.info("deleting orphaned WAL object %s", ref)
+            log.debug("deleting orphaned WAL object %s", ref)
             await self._wal.delete(ref)
+        if orphans:
+            log.info("deleted %s", summary(orphans, "orphaned WAL object"))
         return orphans
 
     async def referenced_refs(self) -> set[str]:
