@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+import pluggy
 import pytest
 
+from icefloe.embedded import plugin as embedded_plugin
 from icefloe.errors import BackendNotInstalledError, ConfigError, DuplicateBackendError, PluginError
-from icefloe.plugins import BackendRegistry, get_plugin_manager, hookimpl
+from icefloe.plugins import (
+    KNOWN_BACKENDS,
+    PLANNED,
+    PROJECT,
+    BackendRegistry,
+    get_plugin_manager,
+    hookimpl,
+    hookspecs,
+)
 from icefloe.plugins.spec import BackendSpec
 from icefloe.ports.base import PortKind
 
@@ -58,8 +69,30 @@ def test_unknown_backend_name_lists_valid_choices() -> None:
         BackendRegistry().get(PortKind.OBJECT_STORE, "ftp")
 
 
-def test_known_backend_not_installed_names_the_distribution() -> None:
-    with pytest.raises(BackendNotInstalledError, match="pip install icefloe-wal-bookkeeper"):
+def test_known_backend_not_installed_names_both_ways_to_install_it() -> None:
+    bare = pluggy.PluginManager(PROJECT)  # only the embedded defaults, no plugin distribution
+    bare.add_hookspecs(hookspecs)
+    bare.register(embedded_plugin)
+    with pytest.raises(BackendNotInstalledError) as caught:
+        BackendRegistry(bare).get(PortKind.OBJECT_STORE, "s3")
+    assert str(caught.value) == (
+        "the object_store backend 's3' is not installed: run `pip install icefloe-store-s3` "
+        "(from a source checkout of Icefloe: `pip install ./plugins/store_s3`)"
+    )
+
+
+def test_every_known_distribution_has_its_folder_in_the_repository() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for kind, backends in KNOWN_BACKENDS.items():
+        for name, distribution in backends.items():
+            if distribution == "icefloe" or (kind, name) in PLANNED:
+                continue
+            folder = distribution.removeprefix("icefloe-").replace("-", "_")
+            assert (root / "plugins" / folder / "pyproject.toml").is_file(), distribution
+
+
+def test_a_planned_backend_is_not_available_yet() -> None:
+    with pytest.raises(BackendNotInstalledError, match="planned but not available yet"):
         BackendRegistry().get(PortKind.WAL, "bookkeeper")
 
 

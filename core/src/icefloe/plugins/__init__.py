@@ -48,6 +48,18 @@ KNOWN_BACKENDS: Final[dict[PortKind, dict[str, str]]] = {
 }
 """Backend names used across the project, with the distribution that provides each."""
 
+PLANNED: Final[frozenset[tuple[PortKind, str]]] = frozenset({(PortKind.WAL, "bookkeeper")})
+"""Backends of the design that no distribution provides yet."""
+
+
+def install_hint(distribution: str) -> str:
+    """How to install a plugin distribution, from an index or from a source checkout."""
+    folder = distribution.removeprefix("icefloe-").replace("-", "_")
+    return (
+        f"`pip install {distribution}` (from a source checkout of Icefloe: "
+        f"`pip install ./plugins/{folder}`)"
+    )
+
 
 def get_plugin_manager(*, extra_plugins: Iterable[object] = ()) -> pluggy.PluginManager:
     """A new plugin manager with every installed plugin loaded.
@@ -146,17 +158,23 @@ class BackendRegistry:
         """The installed backend ``name`` for ``kind``.
 
         Raises:
-            BackendNotInstalledError: a known backend whose distribution is not installed; the
-                message gives the ``pip install`` to run.
+            BackendNotInstalledError: a known backend whose distribution is not installed (the
+                message gives the ``pip install`` to run), or one not available yet.
             ConfigError: an unknown name; the message lists the valid choices.
         """
         backend = self._backends.get((kind, name))
         if backend is not None:
             return backend
+        if (kind, name) in PLANNED:
+            available = ", ".join(b.name for b in self.installed(kind))
+            raise BackendNotInstalledError(
+                f"the {kind} backend {name!r} is planned but not available yet; "
+                f"installed: {available}"
+            )
         distribution = KNOWN_BACKENDS[kind].get(name)
         if distribution is not None:
             raise BackendNotInstalledError(
-                f"the {kind} backend {name!r} is not installed: run `pip install {distribution}`"
+                f"the {kind} backend {name!r} is not installed: run {install_hint(distribution)}"
             )
         raise ConfigError(
             f"[{kind}] backend = {name!r} is not a {kind} backend; "
