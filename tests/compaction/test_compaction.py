@@ -18,7 +18,7 @@ from icefloe.ports.object_store import RequestKind
 from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
-from icefloe.storage.records import Record
+from icefloe.storage.records import Record, build_batch, decode_batch
 from icefloe.topics.registry import TopicRegistry
 from tests.support.compaction_processes import start_engine_worker_then_wait
 
@@ -91,6 +91,23 @@ async def test_fetches_smaller_than_a_row_group_rebuild_it_once(
     assert comparable(got) == expected
     # The footer and the row group, once for all five fetches.
     assert store.stats.requests[RequestKind.GET] - gets == 2
+
+
+async def test_log_append_time_survives_compaction(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    batch = build_batch([Record(i, 1_000 + i, None, b"v") for i in range(4)])
+    await (await storage.submit_batches(stream, batch, log_append_time_ms=5_000))
+    before = await storage.read(stream, 0)
+    await compactor.until_idle()
+    after = await storage.read(stream, 0)
+
+    for data in (before.data, after.data):
+        header, decoded = decode_batch(data)
+        assert header.attributes & 0x08  # the timestamp type: LogAppendTime
+        assert [r.timestamp for r in decoded] == [5_000] * 4
 
 
 async def test_reads_from_parquet_start_at_any_offset(

@@ -34,7 +34,9 @@ from icefloe.storage.batch import (
     patch_base_offsets_into,
     read_header,
     split_and_validate,
+    with_log_append_time,
 )
+from icefloe.storage.records import Record, build_batch, decode_batch
 
 LIMIT = 1 << 20
 T0 = 1_700_000_000_123
@@ -415,3 +417,14 @@ def test_large_batches_validate_and_patch() -> None:
 
     assert sum(info.record_count for info in infos) == 60
     assert kafka_python_offsets(patch_base_offsets(chunk, 0))[-1][-1] == 59
+
+
+def test_a_batch_stamped_with_log_append_time_gives_every_record_that_time() -> None:
+    records = [Record(i, 1_000 + i, None, b"v", ()) for i in range(3)]
+    stamped = with_log_append_time(build_batch(records, compression=Compression.ZSTD), 5_000)
+
+    header, decoded = decode_batch(stamped)  # verifies the recomputed CRC
+    assert header.attributes & 0x08
+    assert header.max_timestamp == 5_000
+    assert [r.timestamp for r in decoded] == [5_000, 5_000, 5_000]
+    assert [r.value for r in decoded] == [b"v", b"v", b"v"]

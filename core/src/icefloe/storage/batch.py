@@ -51,6 +51,8 @@ PARTITION_LEADER_EPOCH_AT: Final = 12
 MAGIC_AT: Final = 16
 CRC_AT: Final = 17
 ATTRIBUTES_AT: Final = 21
+MAX_TIMESTAMP_AT: Final = 35
+_LOG_APPEND_TIME_BIT: Final = 0x08
 LAST_OFFSET_DELTA_AT: Final = 23
 CURRENT_MAGIC: Final = 2
 
@@ -167,6 +169,19 @@ def read_header(data: bytes | bytearray | memoryview, position: int = 0) -> Batc
     if len(data) - position < HEADER_SIZE or position < 0:
         raise BatchError(ErrorCode.corrupt_message, "record batch header is truncated")
     return BatchHeader._make(HEADER.unpack_from(data, position))
+
+
+def with_log_append_time(batch: bytes | memoryview, now_ms: int) -> bytearray:
+    """A copy of one batch stamped with the broker's time, as Kafka stamps the batches of a
+    topic whose ``message.timestamp.type`` is ``LogAppendTime``: the timestamp type bit set
+    and the max timestamp ``now_ms`` (readers give every record of the batch that time), the
+    CRC recomputed. Record timestamp deltas stay as the producer wrote them."""
+    out = bytearray(batch)
+    (attributes,) = struct.unpack_from(">h", out, ATTRIBUTES_AT)
+    struct.pack_into(">h", out, ATTRIBUTES_AT, attributes | _LOG_APPEND_TIME_BIT)
+    struct.pack_into(">q", out, MAX_TIMESTAMP_AT, now_ms)
+    struct.pack_into(">I", out, CRC_AT, crc32c(memoryview(out)[ATTRIBUTES_AT:]))
+    return out
 
 
 def split_and_validate(records: bytes | memoryview, *, max_batch_bytes: int) -> list[BatchInfo]:

@@ -32,7 +32,12 @@ from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
 from icefloe.storage import counters, keys
-from icefloe.storage.batch import Compression, read_header, split_and_validate
+from icefloe.storage.batch import (
+    Compression,
+    read_header,
+    split_and_validate,
+    with_log_append_time,
+)
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.offset_index import OffsetIndex
 from icefloe.storage.orphans import OrphanCollector
@@ -177,16 +182,30 @@ class StreamStorage:
         return await (await self.submit_batches(stream_id, data))
 
     async def submit_batches(
-        self, stream_id: int, data: bytes | memoryview, *, max_batch_bytes: int | None = None
+        self,
+        stream_id: int,
+        data: bytes | memoryview,
+        *,
+        max_batch_bytes: int | None = None,
+        log_append_time_ms: int | None = None,
     ) -> asyncio.Future[int]:
         """Validate and buffer batches; the future gives the first offset once committed.
 
         ``max_batch_bytes`` is the stream's batch limit (default: ``[storage]
-        max_batch_bytes``). See :meth:`WalWriter.submit` for why the two steps are separate.
+        max_batch_bytes``); with ``log_append_time_ms``, the batches are stored stamped with
+        that time (:func:`~icefloe.storage.batch.with_log_append_time`). See
+        :meth:`WalWriter.submit` for why the two steps are separate.
         """
         view = memoryview(data)
         limit = self.options.max_batch_bytes if max_batch_bytes is None else max_batch_bytes
         infos = split_and_validate(view, max_batch_bytes=limit)
+        if log_append_time_ms is not None:  # same sizes: the batches stay where they were
+            view = memoryview(
+                b"".join(
+                    with_log_append_time(view[i.position : i.position + i.size], log_append_time_ms)
+                    for i in infos
+                )
+            )
         valid = [
             ValidBatch(
                 data=view[info.position : info.position + info.size],

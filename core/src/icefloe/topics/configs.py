@@ -41,6 +41,8 @@ TIME_PARTITION_CONFIG: Final = TIME_PARTITION
 """``none``, ``hour`` or ``day``: also partition the topic's tables by the record timestamp."""
 TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
 MAX_MESSAGE_BYTES_CONFIG: Final = "max.message.bytes"
+TIMESTAMP_TYPE_CONFIG: Final = "message.timestamp.type"
+LOG_APPEND_TIME: Final = "LogAppendTime"
 """``keep`` (rows stay in the tables after retention) or ``delete`` (they leave them too)."""
 
 _INT_RANGE: Final = (-(2**31), 2**31 - 1)
@@ -267,8 +269,8 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 BrokerDefault("message.max.bytes", "max_batch_bytes"),
             ),
             ConfigKey(
-                "message.timestamp.type",
-                _OneOf(("CreateTime", "LogAppendTime")),
+                TIMESTAMP_TYPE_CONFIG,
+                _OneOf(("CreateTime", LOG_APPEND_TIME)),
                 "CreateTime",
                 "CreateTime keeps the producer's record timestamps; LogAppendTime replaces them "
                 "with the broker's time when the batch is appended.",

@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import logging
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,7 +29,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
 from icefloe.errors import IcefloeError, KafkaError
 from icefloe.storage import batch
-from icefloe.topics.configs import batch_limit
+from icefloe.topics.configs import LOG_APPEND_TIME, TIMESTAMP_TYPE_CONFIG, batch_limit
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,18 @@ class _Partition:
     error: ErrorCode = ErrorCode.none
     message: str | None = None
 
+    log_append_time_ms: int | None = None
+    """The broker's time stamped on the batch (a LogAppendTime topic)."""
+
     def fail(self, error: ErrorCode, message: str) -> None:
         self.error, self.message, self.pending = error, message, None
+
+    def append_time(self) -> datetime.datetime | None:
+        """The response's ``log_append_time``: ``None`` (-1) when the producer's timestamps
+        stand (CreateTime) or the batch was refused."""
+        if self.log_append_time_ms is None or self.error is not ErrorCode.none:
+            return None
+        return datetime.datetime.fromtimestamp(self.log_append_time_ms / 1000, datetime.UTC)
 
 
 async def handle_produce(ctx: RequestContext, request: Any) -> Any | NoResponse:
@@ -125,10 +136,16 @@ async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> No
         )
     else:
         topic = ctx.broker.topics.get_cached(target.topic)  # cached by stream_of
-        limit = batch_limit(topic.configs if topic else {}, ctx.broker.config.storage)
+        configs = topic.configs if topic else {}
+        limit = batch_limit(configs, ctx.broker.config.storage)
+        if configs.get(TIMESTAMP_TYPE_CONFIG) == LOG_APPEND_TIME:
+            target.log_append_time_ms = int(time.time() * 1000)
         try:
             target.pending = await ctx.broker.storage.submit_batches(
-                stream_id, records, max_batch_bytes=limit
+                stream_id,
+                records,
+                max_batch_bytes=limit,
+                log_append_time_ms=target.log_append_time_ms,
             )
         except IcefloeError as exc:
             target.fail(*_write_error(exc))
@@ -157,7 +174,7 @@ def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> A
                 index=t.index,
                 error_code=t.error,
                 base_offset=t.base_offset,
-                log_append_time=None,  # -1: the timestamps are the producer's (CreateTime)
+                log_append_time=t.append_time(),
                 log_start_offset=t.log_start,
                 record_errors=(),
                 error_message=t.message,
