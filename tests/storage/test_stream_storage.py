@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Awaitable, Callable
 
 import pytest
+from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
 from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import ConflictError, NotFoundError
 from icefloe.storage import index_reader, keys
-from icefloe.storage.batch import BatchError, Compression
+from icefloe.storage.batch import ATTRIBUTES_AT, CRC_AT, BatchError, Compression, read_header
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.storage.records import Record, build_batch
@@ -271,3 +273,34 @@ async def test_an_entry_stays_cached_after_the_notice_of_its_own_append(
     # The entry came from the cache; only the log end is asked of the store (absence is
     # never trusted to a cache).
     assert looked_up == [keys.index_search_key(stream, 3 + 1)]
+
+
+@pytest.mark.parametrize("target", list(Compression))
+async def test_a_topic_codec_recompresses_batches_of_another(
+    storage: StreamStorage, target: Compression
+) -> None:
+    stream = await storage.create_stream("s")
+    records = [
+        Record(i, 1_700_000_000_000 + i, b"k", b"value %d" % i, (("h", b"x"),)) for i in range(5)
+    ]
+    sent = build_batch(
+        records, compression=Compression.GZIP, producer_id=7, producer_epoch=1, base_sequence=0
+    )
+    await (await storage.submit_batches(stream, sent, compression=target))
+
+    stored = (await storage.read(stream, 0)).data
+    header = read_header(stored)
+    assert header.compression is target
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (7, 1, 0)
+    assert await storage.read_records(stream, 0) == records
+
+
+async def test_records_that_do_not_decompress_are_corrupt_message(storage: StreamStorage) -> None:
+    stream = await storage.create_stream("s")
+    sent = bytearray(build_batch([Record(0, 0, None, b"v" * 100)], compression=Compression.ZSTD))
+    sent[-8:] = b"\xff" * 8  # inside the compressed records; the CRC is made to match again
+    struct.pack_into(">I", sent, CRC_AT, crc32c(memoryview(sent)[ATTRIBUTES_AT:]))
+    with pytest.raises(BatchError) as caught:
+        await storage.submit_batches(stream, bytes(sent), compression=Compression.LZ4)
+    assert caught.value.error_code == ErrorCode.corrupt_message
+    await storage.submit_batches(stream, bytes(sent))  # stored as sent: nothing decompresses it

@@ -171,7 +171,7 @@ def read_header(data: bytes | bytearray | memoryview, position: int = 0) -> Batc
     return BatchHeader._make(HEADER.unpack_from(data, position))
 
 
-def with_log_append_time(batch: bytes | memoryview, now_ms: int) -> bytearray:
+def with_log_append_time(batch: bytes | bytearray | memoryview, now_ms: int) -> bytearray:
     """A copy of one batch stamped with the broker's time, as Kafka stamps the batches of a
     topic whose ``message.timestamp.type`` is ``LogAppendTime``: the timestamp type bit set
     and the max timestamp ``now_ms`` (readers give every record of the batch that time), the

@@ -23,16 +23,18 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 import msgpack
+from kio.schema.errors import ErrorCode
 
 from icefloe import config as configuration
 from icefloe.config.storage import FlushProfile, StorageOptions
-from icefloe.errors import NotFoundError
+from icefloe.errors import CorruptDataError, NotFoundError
 from icefloe.ports.base import OpenContext, Port
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
 from icefloe.storage import counters, keys
 from icefloe.storage.batch import (
+    BatchError,
     Compression,
     read_header,
     split_and_validate,
@@ -44,7 +46,7 @@ from icefloe.storage.orphans import OrphanCollector
 from icefloe.storage.producers import ProducerStates
 from icefloe.storage.reader import ReadResult, StreamReader
 from icefloe.storage.recent import RecentWalObjects
-from icefloe.storage.records import Record, build_batch, decode_batch
+from icefloe.storage.records import Record, build_batch, decode_batch, recompress
 from icefloe.storage.writer import ValidBatch, WalWriter
 
 P = TypeVar("P", bound=Port)
@@ -187,34 +189,40 @@ class StreamStorage:
         data: bytes | memoryview,
         *,
         max_batch_bytes: int | None = None,
+        compression: Compression | None = None,
         log_append_time_ms: int | None = None,
     ) -> asyncio.Future[int]:
         """Validate and buffer batches; the future gives the first offset once committed.
 
         ``max_batch_bytes`` is the stream's batch limit (default: ``[storage]
-        max_batch_bytes``); with ``log_append_time_ms``, the batches are stored stamped with
-        that time (:func:`~icefloe.storage.batch.with_log_append_time`). See
-        :meth:`WalWriter.submit` for why the two steps are separate.
+        max_batch_bytes``). With ``compression``, batches that use another codec are stored
+        recompressed with it; with ``log_append_time_ms``, stamped with that time
+        (:func:`~icefloe.storage.batch.with_log_append_time`). See :meth:`WalWriter.submit`
+        for why the two steps are separate.
+
+        Raises:
+            BatchError: a batch is invalid (``CORRUPT_MESSAGE`` for records that do not
+                decompress when recompressing).
         """
         view = memoryview(data)
         limit = self.options.max_batch_bytes if max_batch_bytes is None else max_batch_bytes
         infos = split_and_validate(view, max_batch_bytes=limit)
-        if log_append_time_ms is not None:  # same sizes: the batches stay where they were
-            view = memoryview(
-                b"".join(
-                    with_log_append_time(view[i.position : i.position + i.size], log_append_time_ms)
-                    for i in infos
-                )
-            )
+        chunks: list[bytes | bytearray | memoryview] = [
+            view[i.position : i.position + i.size] for i in infos
+        ]
+        if compression is not None and any(i.compression is not compression for i in infos):
+            chunks = await asyncio.to_thread(_recompressed, chunks, compression)
+        if log_append_time_ms is not None:
+            chunks = [with_log_append_time(chunk, log_append_time_ms) for chunk in chunks]
         valid = [
             ValidBatch(
-                data=view[info.position : info.position + info.size],
+                data=memoryview(chunk),
                 record_count=info.record_count,
                 producer_id=info.producer_id,
                 producer_epoch=info.producer_epoch,
                 base_sequence=info.base_sequence,
             )
-            for info in infos
+            for chunk, info in zip(chunks, infos, strict=True)
         ]
         return await self._writer.submit(stream_id, valid)
 
@@ -293,3 +301,19 @@ async def _open(
     adapter = await configuration.resolve_one(config, port).open(context)
     opened.append(adapter)
     return adapter
+
+
+def _recompressed(
+    chunks: list[bytes | bytearray | memoryview], compression: Compression
+) -> list[bytes | bytearray | memoryview]:
+    """``chunks`` (one batch each) with every batch stored with ``compression``."""
+    out: list[bytes | bytearray | memoryview] = []
+    for chunk in chunks:
+        if read_header(chunk).compression is compression:
+            out.append(chunk)
+            continue
+        try:
+            out.append(recompress(chunk, compression))
+        except CorruptDataError as exc:
+            raise BatchError(ErrorCode.corrupt_message, str(exc)) from exc
+    return out

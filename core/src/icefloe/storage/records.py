@@ -89,6 +89,25 @@ class Record(NamedTuple):
 # --- encoding --------------------------------------------------------------------------------
 
 
+def recompress(batch: bytes | bytearray | memoryview, compression: Compression) -> bytes:
+    """One validated producer batch with its records compressed by ``compression`` instead,
+    as Kafka's broker rewrites the batches of a topic whose ``compression.type`` differs from
+    the producer's: same records, timestamps and headers, same producer id, epoch and sequence.
+
+    Raises:
+        CorruptDataError: the records do not decode (or decompress past the limit).
+    """
+    header, records = decode_batch(batch)
+    return build_batch(
+        records,
+        compression=compression,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        partition_leader_epoch=header.partition_leader_epoch,
+    )
+
+
 def build_batch(
     records: Sequence[Record],
     *,

@@ -24,6 +24,7 @@ from kio.schema.errors import ErrorCode
 from icefloe.config.compactor import CompactorOptions
 from icefloe.config.storage import StorageOptions
 from icefloe.ports.table import TimePartition
+from icefloe.storage.batch import Compression
 from icefloe.table_names import IDENTIFIER_CONFIG, check_template
 from icefloe.topics.registry import TIME_PARTITION, TopicError
 
@@ -42,6 +43,14 @@ TIME_PARTITION_CONFIG: Final = TIME_PARTITION
 TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
 MAX_MESSAGE_BYTES_CONFIG: Final = "max.message.bytes"
 TIMESTAMP_TYPE_CONFIG: Final = "message.timestamp.type"
+COMPRESSION_CONFIG: Final = "compression.type"
+_CODECS: Final = {
+    "uncompressed": Compression.NONE,
+    "zstd": Compression.ZSTD,
+    "lz4": Compression.LZ4,
+    "snappy": Compression.SNAPPY,
+    "gzip": Compression.GZIP,
+}
 LOG_APPEND_TIME: Final = "LogAppendTime"
 """``keep`` (rows stay in the tables after retention) or ``delete`` (they leave them too)."""
 
@@ -276,11 +285,11 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "with the broker's time when the batch is appended.",
             ),
             ConfigKey(
-                "compression.type",
-                _OneOf(("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
+                COMPRESSION_CONFIG,
+                _OneOf((*_CODECS, "producer")),
                 "producer",
-                "The compression of stored batches; producer keeps what the producer sent."
-                + _LATER,
+                "The compression of stored batches; producer keeps what the producer sent, "
+                "another codec has the broker recompress batches that use a different one.",
             ),
             ConfigKey(
                 "segment.bytes",
@@ -467,6 +476,11 @@ def check_limits(configs: Mapping[str, str], storage: StorageOptions) -> None:
             f"{MAX_MESSAGE_BYTES_CONFIG} {configs[MAX_MESSAGE_BYTES_CONFIG]} is over this "
             f"cluster's limit of {limit} bytes ([storage] max_topic_batch_bytes)",
         )
+
+
+def stored_compression(configs: Mapping[str, str]) -> Compression | None:
+    """The codec a topic's batches are stored with, or ``None``: the producer's."""
+    return _CODECS.get(configs.get(COMPRESSION_CONFIG, "producer"))
 
 
 def batch_limit(configs: Mapping[str, str], storage: StorageOptions) -> int:

@@ -29,7 +29,12 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
 from icefloe.errors import IcefloeError, KafkaError
 from icefloe.storage import batch
-from icefloe.topics.configs import LOG_APPEND_TIME, TIMESTAMP_TYPE_CONFIG, batch_limit
+from icefloe.topics.configs import (
+    LOG_APPEND_TIME,
+    TIMESTAMP_TYPE_CONFIG,
+    batch_limit,
+    stored_compression,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +150,7 @@ async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> No
                 stream_id,
                 records,
                 max_batch_bytes=limit,
+                compression=stored_compression(configs),
                 log_append_time_ms=target.log_append_time_ms,
             )
         except IcefloeError as exc:

@@ -1,6 +1,7 @@
-"""`message.timestamp.type` through real clients: a LogAppendTime topic stamps each batch with
-the broker's time (in the produce answer and for every consumer), a CreateTime topic keeps the
-producer's timestamps."""
+"""Topic configs that have the broker rewrite batches, through real clients:
+`message.timestamp.type=LogAppendTime` stamps each batch with the broker's time (in the produce
+answer and for every consumer), CreateTime keeps the producer's timestamps, and
+`compression.type` stores batches recompressed, idempotent producers' included."""
 
 from __future__ import annotations
 
@@ -87,3 +88,40 @@ def test_a_create_time_topic_keeps_the_producer_s_timestamps(cluster: RunningIce
     expected = [(TIMESTAMP_CREATE_TIME, PRODUCER_TIME + i) for i in range(3)]
     assert sorted(reports) == expected
     assert sorted(consume(cluster, "created")) == expected
+
+
+@pytest.mark.parametrize("codec", ["zstd", "uncompressed"])
+def test_a_topic_codec_stores_what_an_idempotent_producer_sends_recompressed(
+    cluster: RunningIcefloe, codec: str
+) -> None:
+    topic = f"recompressed-{codec}"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    configs = {"compression.type": codec}
+    admin.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(TIMEOUT)
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "enable.idempotence": True,
+            "compression.type": "gzip",
+            "linger.ms": 20,
+        }
+    )
+    errors: list[object] = []
+    for i in range(200):
+        producer.produce(
+            topic,
+            f"value {i}".encode() * 4,
+            key=b"k%d" % (i % 7),
+            on_delivery=lambda err, _msg: errors.append(err) if err is not None else None,
+        )
+        producer.poll(0)
+    assert producer.flush(TIMEOUT) == 0
+    assert errors == []
+
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, consumer_timeout_ms=5000)
+    partition = TopicPartition(topic, 0)
+    consumer.assign([partition])
+    consumer.seek_to_beginning(partition)
+    values = [record.value for record in consumer]
+    consumer.close()
+    assert values == [f"value {i}".encode() * 4 for i in range(200)]
