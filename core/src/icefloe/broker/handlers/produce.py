@@ -65,7 +65,6 @@ class _Partition:
     log_start: int = _UNKNOWN_LOG_START
     error: ErrorCode = ErrorCode.none
     message: str | None = None
-
     log_append_time_ms: int | None = None
     """The broker's time stamped on the batch (a LogAppendTime topic)."""
 
