@@ -304,3 +304,18 @@ async def test_records_that_do_not_decompress_are_corrupt_message(storage: Strea
         await storage.submit_batches(stream, bytes(sent), compression=Compression.LZ4)
     assert caught.value.error_code == ErrorCode.corrupt_message
     await storage.submit_batches(stream, bytes(sent))  # stored as sent: nothing decompresses it
+
+
+async def test_a_batch_that_grows_past_the_limit_when_recompressed_is_too_large(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    records = [Record(i, 0, None, b"a" * 1000) for i in range(20)]
+    sent = build_batch(records, compression=Compression.ZSTD)  # 20 kB of "a": tiny compressed
+    with pytest.raises(BatchError) as caught:
+        await storage.submit_batches(
+            stream, sent, max_batch_bytes=10_000, compression=Compression.NONE
+        )
+    assert caught.value.error_code == ErrorCode.message_too_large
+    assert "once stored with the topic's compression.type (none)" in str(caught.value)
+    await (await storage.submit_batches(stream, sent, max_batch_bytes=10_000))  # as sent: fits

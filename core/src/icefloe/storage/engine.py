@@ -212,6 +212,13 @@ class StreamStorage:
         ]
         if compression is not None and any(i.compression is not compression for i in infos):
             chunks = await asyncio.to_thread(_recompressed, chunks, compression)
+            if too_large := [len(chunk) for chunk in chunks if len(chunk) > limit]:
+                raise BatchError(
+                    ErrorCode.message_too_large,
+                    f"record batch is {too_large[0]} bytes once stored with the topic's "
+                    f"compression.type ({compression.name.lower()}), over the limit of "
+                    f"{limit} (max.message.bytes)",
+                )
         if log_append_time_ms is not None:
             chunks = [with_log_append_time(chunk, log_append_time_ms) for chunk in chunks]
         valid = [
