@@ -10,8 +10,8 @@ Contract (executable form: ``icefloe.testing.compaction_contract``):
   Running a task twice writes the same file contents to the same paths (tasks are
   deterministic), so a retried or speculative execution is harmless.
 - A stream the task names in ``time_partitions`` is split wherever the hour (day) of the record
-  timestamp changes, in offset order: each run of records becomes a file of its own, named
-  ``<folder of the stream's path>/<start offset>-<end offset>.parquet`` (20 digits each), and
+  timestamp changes, in offset order: each run of records becomes a file of its own, named by
+  :func:`piece_path` (the folder of the stream's path, then :func:`data_file_name`), and
   carries its ``time_bucket``. A stream written whole goes to its path.
 - The engine holds no state between calls; a failed task raises and writes no index entry.
 """

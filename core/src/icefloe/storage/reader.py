@@ -161,12 +161,12 @@ class StreamReader:
         return next_offset, True
 
     async def _rebuild(self, location: ParquetLocation, group: int) -> RebuiltGroup:
-        return await self._from_row_group(location, group, _rebuild_group, 0)
+        return await self._from_row_group(location, group, _rebuild_group)
 
     async def _from_row_group(
-        self, location: ParquetLocation, group: int, work: Callable[[pa.Table, int], T], arg: int
+        self, location: ParquetLocation, group: int, work: Callable[[pa.Table], T]
     ) -> T:
-        """``work(rows of the group, arg)``, run off the event loop: it is per-row CPU work.
+        """``work(rows of the group)``, run off the event loop: it is per-row CPU work.
 
         Raises:
             NotFoundError: the file is gone.
@@ -174,7 +174,7 @@ class StreamReader:
         """
         try:
             table = await self._parquet.read_row_groups(location.key, location.size, [group])
-            return await asyncio.to_thread(work, table, arg)
+            return await asyncio.to_thread(work, table)
         except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptDataError(
                 f"{location.describe()}, row group {group}, does not decode: {exc}"
@@ -224,7 +224,8 @@ class StreamReader:
         location = entry.location
         if isinstance(location, ParquetLocation):
             for group in range(len(location.row_groups)):
-                found = await self._from_row_group(location, group, _first_at_or_after, timestamp)
+                search = functools.partial(_first_at_or_after, timestamp_ms=timestamp)
+                found = await self._from_row_group(location, group, search)
                 if found is not None:
                     return found
             return None
@@ -246,5 +247,5 @@ def _first_at_or_after(table: pa.Table, timestamp_ms: int) -> int | None:
     return int(hits[0].as_py()) if len(hits) else None
 
 
-def _rebuild_group(table: pa.Table, _unused: int) -> RebuiltGroup:
+def _rebuild_group(table: pa.Table) -> RebuiltGroup:
     return RebuiltGroup.of(rebuild_batches(table))
