@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from icefloe.config.broker import BrokerOptions
 from icefloe.config.compactor import CompactorOptions
 from icefloe.config.groups import GroupOptions
+from icefloe.config.metrics import MetricsOptions
 from icefloe.config.storage import StorageOptions
 from icefloe.errors import ConfigError, IcefloeError, PluginError
 from icefloe.plugins import BackendRegistry
@@ -137,6 +138,7 @@ class Config(BaseModel):
     storage: StorageOptions = StorageOptions()
     broker: BrokerOptions = BrokerOptions()
     groups: GroupOptions = GroupOptions()
+    metrics: MetricsOptions = MetricsOptions()
 
     def section(self, kind: PortKind) -> BackendSection | TableSection:
         section: BackendSection | TableSection = getattr(self, kind.value)
