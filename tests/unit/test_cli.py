@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 
-def icefloe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+from tests.support.servers import free_port
+
+
+def icefloe(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
     environment.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "icefloe", *args], env=environment, capture_output=True, text=True
+        [sys.executable, "-m", "icefloe", *args],
+        env=environment,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -42,10 +53,73 @@ def test_config_show_prints_the_effective_configuration(tmp_path: Path) -> None:
     assert "poll_interval = 0.5" in result.stdout
 
 
-def test_config_check_passes_on_the_defaults() -> None:
-    result = icefloe("config", "check")
+def test_config_check_reaches_every_embedded_backend_and_creates_no_data_folder(
+    tmp_path: Path,
+) -> None:
+    result = icefloe("config", "check", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "metadata: sqlite" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"data_dir: {tmp_path / 'icefloe-data'} does not exist yet")
+    for backend in ("metadata: sqlite", "object_store: local", "wal: object", "table: iceberg"):
+        assert any(line.startswith(f"{backend} — reachable (") for line in lines), lines
+    assert "compaction: local (not started by the check)" in lines
+    assert not (tmp_path / "icefloe-data").exists()
+
+
+def test_config_check_reports_a_closed_port_as_unreachable_and_exits_2(tmp_path: Path) -> None:
+    closed = free_port()
+    result = icefloe(
+        "config",
+        "check",
+        "--data-dir",
+        str(tmp_path),
+        "--timeout",
+        "5",
+        ICEFLOE_METADATA__BACKEND="etcd",
+        ICEFLOE_METADATA__ETCD__ENDPOINTS=f'["127.0.0.1:{closed}"]',
+        ICEFLOE_TABLE__FORMATS="[]",
+    )
+    assert result.returncode == 2
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("metadata:")]
+    assert line.startswith("metadata: etcd — unreachable: ")
+    assert "Connection refused" in line or "no answer within 5 s" in line
+    assert any(
+        line.startswith("object_store: local — reachable (") for line in result.stdout.splitlines()
+    )
+    assert result.stderr == "error: unreachable: metadata (etcd)\n"
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
+
+
+def test_config_check_gives_up_on_a_silent_backend_after_the_timeout(silent_port: int) -> None:
+    started = time.monotonic()
+    result = icefloe(
+        "config",
+        "check",
+        "--timeout",
+        "1",
+        ICEFLOE_OBJECT_STORE__BACKEND="s3",
+        ICEFLOE_OBJECT_STORE__S3__BUCKET="icefloe",
+        ICEFLOE_OBJECT_STORE__S3__REGION="us-east-1",
+        ICEFLOE_OBJECT_STORE__S3__ENDPOINT_URL=f"http://127.0.0.1:{silent_port}",
+        ICEFLOE_OBJECT_STORE__S3__ACCESS_KEY_ID="key",
+        ICEFLOE_OBJECT_STORE__S3__SECRET_ACCESS_KEY="secret",
+        ICEFLOE_TABLE__FORMATS="[]",
+    )
+    # boto3 would wait 60 s per read (read_timeout) and retry: the check does not wait for it.
+    assert time.monotonic() - started < 30
+    assert result.returncode == 2
+    lines = result.stdout.splitlines()
+    assert "object_store: s3 — unreachable: no answer within 1 s" in lines
+    assert "wal: object — not checked: the object store (s3) is unreachable" in lines
+    assert result.stderr == "error: unreachable: object_store (s3)\n"
 
 
 def test_bad_configuration_is_one_line_on_stderr_and_exit_2() -> None:
@@ -53,7 +127,7 @@ def test_bad_configuration_is_one_line_on_stderr_and_exit_2() -> None:
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert errors == [
-        "metadata: error: [metadata] backend: 'etx' is not a metadata backend; valid choices: "
+        "error: metadata: [metadata] backend: 'etx' is not a metadata backend; valid choices: "
         "etcd, oxia, sqlite (set in the config file or ICEFLOE_METADATA__BACKEND)"
     ]
 

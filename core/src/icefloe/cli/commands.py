@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +15,13 @@ import click
 import tomli_w
 
 from icefloe import config as configuration
+from icefloe.cli import data_dir
+from icefloe.cli.data_dir import data_dir_option
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.plugins import BackendRegistry
-from icefloe.ports import PORTS, WAL, MetadataStore, ObjectStore, PortKind
+from icefloe.ports import PORTS, WAL, CompactionEngine, MetadataStore, ObjectStore, PortKind
 
 _KIND_CHOICES = click.Choice([kind.value for kind in PortKind])
-
-
-def _load(ctx: click.Context) -> configuration.Config:
-    return configuration.load_config(ctx.obj.get("config_path"))
 
 
 @click.command()
@@ -71,30 +72,76 @@ def config_group() -> None:
 
 
 @config_group.command("show")
+@data_dir_option
 @click.pass_context
 def config_show(ctx: click.Context) -> None:
     """Print the effective configuration (file + environment + defaults), secrets masked."""
-    config = _load(ctx)
+    config = data_dir.load(ctx, must_exist=False)
     click.echo(tomli_w.dumps(_without_none(configuration.masked(config))), nl=False)
 
 
 @config_group.command("check")
+@data_dir_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds each backend has to open (loading its client library) and answer.",
+)
 @click.pass_context
-def config_check(ctx: click.Context) -> None:
-    """Validate every selected backend and its options; exit 2 on the first problem."""
-    config = _load(ctx)
+def config_check(ctx: click.Context, timeout: float) -> None:
+    """Validate every selected backend and its options, then open each backend as `serve`
+    does and ask it one cheap question; exit 2 if a setting is invalid or a backend is
+    unreachable."""
+    from icefloe.cli import reachability
+
+    config = data_dir.load(ctx, must_exist=False)
     registry = BackendRegistry()
-    problems = []
+    problems = 0
     for kind, port in PORTS.items():
         try:
-            chosen = configuration.resolve(config, port, registry)
-            names = ", ".join(b.name for b in chosen) or "(none)"
-            click.echo(f"{kind.value}: {names}")
+            configuration.resolve(config, port, registry)
         except IcefloeError as exc:
-            problems.append(str(exc))
-            click.echo(f"{kind.value}: error: {exc}", err=True)
+            problems += 1
+            click.echo(f"error: {kind.value}: {exc}", err=True)
     if problems:
         sys.exit(2)
+    with _probe_dir(config.data_dir) as probe_dir:
+        reached = reachability.run(config, probe_dir, timeout)
+    for reach in reached:
+        click.echo(reach.line())
+    if not any(r.kind is PortKind.TABLE for r in reached):
+        click.echo(f"{PortKind.TABLE.value}: (none)")
+    engine = configuration.resolve(config, CompactionEngine, registry)
+    names = ", ".join(b.name for b in engine) or "(none)"
+    click.echo(f"{PortKind.COMPACTION.value}: {names} (not started by the check)")
+    unreachable = [f"{r.kind.value} ({r.backend})" for r in reached if r.problem is not None]
+    if unreachable:
+        click.echo(f"error: unreachable: {', '.join(unreachable)}", err=True)
+    if any(r.timed_out for r in reached):
+        # A backend that did not answer still has calls running on its SDK's threads, and a
+        # normal exit would wait for them (as long as the SDK's own timeouts and retries).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
+    if unreachable:
+        sys.exit(2)
+
+
+@contextlib.contextmanager
+def _probe_dir(configured: Path) -> Iterator[Path]:
+    """The data folder to open the backends in: a temporary one while the configured folder
+    does not exist, so that a check creates no empty data folder for other commands to find."""
+    if configured.is_dir():
+        yield configured
+        return
+    click.echo(
+        f"data_dir: {configured.resolve()} does not exist yet (`icefloe serve` creates it); "
+        "backends that keep files there are checked in a temporary folder"
+    )
+    with tempfile.TemporaryDirectory(prefix="icefloe-check-") as tmp:
+        yield Path(tmp)
 
 
 @click.command("contract-test")
