@@ -116,6 +116,81 @@ def test_wrong_type_names_the_key_the_value_and_where_to_set_it(tmp_path: Path) 
     assert "ICEFLOE_METADATA__SQLITE__POLL_INTERVAL" in message
 
 
+def test_a_wrong_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(env={"ICEFLOE_STORAGE__MAX_BATCH_BYTES": "lots"})
+    assert one_line(exc) == (
+        "environment variable ICEFLOE_STORAGE__MAX_BATCH_BYTES: config key "
+        "storage.max_batch_bytes: input should be a valid integer, unable to parse string as an "
+        "integer (got 'lots')"
+    )
+
+
+def test_an_unknown_key_in_any_section_gets_a_suggestion(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "[storage]\nflush_interval = 5\n"), env={})
+    message = one_line(exc)
+    assert message.startswith("unknown config key 'storage.flush_interval'; ")
+    assert "did you mean 'flush_interval_ms'?" in message
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, '[metadata]\nbacknd = "etcd"\n'), env={})
+    assert "unknown config key 'metadata.backnd'; did you mean 'backend'?" in one_line(exc)
+
+
+def test_an_unknown_key_from_the_environment_names_the_variable_and_a_suggestion() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(env={"ICEFLOE_BROKER__PORTT": "9092"})
+    message = one_line(exc)
+    assert message.startswith("environment variable ICEFLOE_BROKER__PORTT: ")
+    assert "unknown config key 'broker.portt'; did you mean 'port'?" in message
+
+
+def test_an_unknown_plugin_option_gets_a_suggestion_from_the_file_or_the_environment(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, '[metadata]\nbackend = "etcd"\n[metadata.etcd]\nendpoint = ["x:1"]\n')
+    with pytest.raises(ConfigError) as exc:
+        resolve(load_config(path, env={}), MetadataStore)
+    message = one_line(exc)
+    assert message.startswith("unknown option 'metadata.etcd.endpoint'")
+    assert "did you mean 'endpoints'?" in message
+    env = {"ICEFLOE_METADATA__BACKEND": "etcd", "ICEFLOE_METADATA__ETCD__ENDPOINT": "x:1"}
+    with pytest.raises(ConfigError) as exc:
+        resolve(load_config(env=env), MetadataStore)
+    message = one_line(exc)
+    assert message.startswith("environment variable ICEFLOE_METADATA__ETCD__ENDPOINT: ")
+    assert "did you mean 'endpoints'?" in message
+
+
+def test_a_wrong_plugin_option_value_from_the_environment_names_the_variable() -> None:
+    env = {"ICEFLOE_METADATA__SQLITE__POLL_INTERVAL": "fast"}
+    with pytest.raises(ConfigError) as exc:
+        resolve(load_config(env=env), MetadataStore)
+    message = one_line(exc)
+    assert message.startswith("environment variable ICEFLOE_METADATA__SQLITE__POLL_INTERVAL: ")
+    assert "metadata.sqlite.poll_interval" in message
+
+
+def test_a_misspelt_backend_gets_a_suggestion_and_names_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, '[metadata.etdc]\nendpoints = ["x:1"]\n')
+    with pytest.raises(ConfigError) as exc:
+        resolve(load_config(path, env={}), MetadataStore)
+    assert "[metadata.etdc] names no metadata backend; did you mean 'etcd'?" in one_line(exc)
+    config = load_config(env={"ICEFLOE_METADATA__BACKEND": "etdc"})
+    with pytest.raises(ConfigError) as exc:
+        resolve(config, MetadataStore)
+    assert one_line(exc) == (
+        "environment variable ICEFLOE_METADATA__BACKEND: [metadata] backend: 'etdc' is not a "
+        "metadata backend; did you mean 'etcd'? valid: etcd, oxia, sqlite"
+    )
+
+
+def test_a_backend_key_under_table_names_the_keys_table_has(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, '[table]\nbackend = "delta"\n'), env={})
+    assert one_line(exc).endswith("the keys of [table] are formats, identifier")
+
+
 def test_wrong_type_of_a_core_key_is_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_config(write(tmp_path, "[table]\nformats = 3\n"), env={})

@@ -22,12 +22,19 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from icefloe.config.broker import BrokerOptions
 from icefloe.config.compactor import CompactorOptions
@@ -140,6 +147,10 @@ class Config(BaseModel):
     groups: GroupOptions = GroupOptions()
     metrics: MetricsOptions = MetricsOptions()
 
+    _env_names: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
+    """The environment variable behind each key it set, so that errors found later (by
+    ``resolve``) name the variable to fix."""
+
     def section(self, kind: PortKind) -> BackendSection | TableSection:
         section: BackendSection | TableSection = getattr(self, kind.value)
         return section
@@ -187,10 +198,12 @@ def load_config(
     data: dict[str, Any] = _read_toml(Path(path)) if path else {}
     _merge(data, env_overrides(env))
     _merge(data, dict(overrides or {}))
+    env_names = {tuple(path): name for name, path in _env_variables(env)}
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, data)) from None
+        raise ConfigError(_describe(exc, data, env_names)) from None
+    config._env_names = env_names
     _check_section_shapes(config)
     return config
 
@@ -198,19 +211,44 @@ def load_config(
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     """The nested dict of values given by ``ICEFLOE_<SECTION>__<KEY>`` variables."""
     result: dict[str, Any] = {}
-    for name, raw in sorted(env.items()):
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_PATH_ENV:
-            continue
-        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
-        if not all(path):
-            raise ConfigError(f"environment variable {name}: empty key segment")
+    for name, path in _env_variables(env):
         node = result
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"environment variable {name} conflicts with another variable")
-        node[path[-1]] = parse_value(raw)
+        node[path[-1]] = parse_value(env[name])
     return result
+
+
+def _env_variables(env: Mapping[str, str]) -> list[tuple[str, list[str]]]:
+    """Each ``ICEFLOE_<SECTION>__<KEY>`` variable with the config keys it sets."""
+    found = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_PATH_ENV:
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if not all(path):
+            raise ConfigError(f"environment variable {name}: empty key segment")
+        found.append((name, path))
+    return found
+
+
+def _from_env(env_names: Mapping[tuple[str, ...], str], loc: Sequence[str]) -> str | None:
+    """The environment variable that set the key at ``loc``, a table holding it or a key
+    inside it, if one did."""
+    loc = tuple(loc)
+    for path, name in env_names.items():
+        if path[: len(loc)] == loc or loc[: len(path)] == path:
+            return name
+    return None
+
+
+def _blame(env_names: Mapping[tuple[str, ...], str], loc: Sequence[str], message: str) -> str:
+    """``message``, led by the environment variable behind ``loc`` when one is: the user
+    looks for the key in their file otherwise."""
+    name = _from_env(env_names, loc)
+    return f"environment variable {name}: {message}" if name else message
 
 
 def parse_value(raw: str) -> Any:
@@ -241,21 +279,38 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
             base[key] = dict(value) if isinstance(value, Mapping) else value
 
 
-def _describe(exc: ValidationError, data: Mapping[str, Any]) -> str:
+def _describe(
+    exc: ValidationError, data: Mapping[str, Any], env_names: Mapping[tuple[str, ...], str]
+) -> str:
     """One line for the first validation error: the key, what is wrong, where to set it."""
     error = exc.errors()[0]
     loc = _config_path(data, [str(part) for part in error["loc"]])
     key = ".".join(loc)
     if error["type"] == "extra_forbidden":
-        if len(loc) == 1:
-            return f"unknown config section or key {key!r}{_did_you_mean(key, Config.model_fields)}"
-        return f"unknown config key {key!r}"
+        hint = _did_you_mean(loc[-1], _keys_of(loc[:-1]))
+        what = "config section or key" if len(loc) == 1 else "config key"
+        return _blame(env_names, loc, f"unknown {what} {key!r}{hint}")
     message = error["msg"].removeprefix("Value error, ")
     value = _lookup(data, loc)
     if isinstance(value, Mapping):
-        return f"config section [{key}]: {message}"
+        return _blame(env_names, loc, f"config section [{key}]: {message}")
     shown = f" (got {value!r})" if value is not None else ""
-    return f"config key {key}: {message.lower()}{shown}; set it in {_where(loc)}"
+    text = f"config key {key}: {message.lower()}{shown}"
+    if _from_env(env_names, loc):
+        return _blame(env_names, loc, text)
+    return f"{text}; set it in {_where(loc)}"
+
+
+def _keys_of(loc: Sequence[str]) -> list[str]:
+    """The keys the section at ``loc`` declares (the sections, for ``[]``); none if unknown."""
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
 
 
 def _config_path(data: Mapping[str, Any], loc: list[str]) -> list[str]:
@@ -274,12 +329,14 @@ def _config_path(data: Mapping[str, Any], loc: list[str]) -> list[str]:
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     choices = list(choices)
+    if not choices:
+        return ""
     close = difflib.get_close_matches(word, choices, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"; {hint}valid: {', '.join(choices)}"
 
 
-def _where(loc: list[str]) -> str:
+def _where(loc: Sequence[str]) -> str:
     table = ".".join(loc[:-1])
     file_part = f"[{table}] {loc[-1]}" if table else loc[-1]
     env_part = ENV_PREFIX + "__".join(part.upper() for part in loc)
@@ -299,12 +356,21 @@ def _check_section_shapes(config: Config) -> None:
     """Every extra key of a port section must be a table of backend options."""
     for kind in PortKind:
         section = config.section(kind)
+        declared = list(type(section).model_fields)
         for name, value in (section.model_extra or {}).items():
-            if not isinstance(value, dict):
-                raise ConfigError(
+            if isinstance(value, dict):
+                continue
+            loc = [kind.value, name]
+            close = difflib.get_close_matches(name, declared, n=1)
+            if close:  # a misspelt key (``backnd``), not a backend's options
+                message = f"unknown config key '{kind.value}.{name}'{_did_you_mean(name, declared)}"
+            else:
+                message = (
                     f"config key {kind.value}.{name}: expected a table of {name!r} backend "
-                    f"options ([{kind.value}.{name}]), got {value!r}"
+                    f"options ([{kind.value}.{name}]), got {value!r}; the keys of "
+                    f"[{kind.value}] are {', '.join(declared)}"
                 )
+            raise ConfigError(_blame(config._env_names, loc, message))
 
 
 def resolve(
@@ -331,8 +397,12 @@ def resolve(
     for name in section.model_extra or {}:
         if name not in valid:
             raise ConfigError(
-                f"config section [{kind.value}.{name}] names no {kind.value} backend; "
-                f"valid choices: {', '.join(valid)}"
+                _blame(
+                    config._env_names,
+                    [kind.value, name],
+                    f"config section [{kind.value}.{name}] names no {kind.value} backend"
+                    + _did_you_mean(name, valid),
+                )
             )
     if isinstance(section, TableSection):
         names = (
@@ -346,17 +416,19 @@ def resolve(
     for name in names:
         if name not in valid:
             setting = "formats" if isinstance(section, TableSection) else "backend"
-            raise ConfigError(
-                f"[{kind.value}] {setting}: {name!r} is not a {kind.value} backend; "
-                f"valid choices: {', '.join(valid)} (set in the config file or "
-                f"{ENV_PREFIX}{kind.value.upper()}__{setting.upper()})"
+            loc = [kind.value, setting]
+            message = f"[{kind.value}] {setting}: {name!r} is not a {kind.value} backend" + (
+                _did_you_mean(name, valid)
             )
+            if _from_env(config._env_names, loc) is None:
+                message += f" (set in the config file or {ENV_PREFIX}{kind.value.upper()}__"
+                message += f"{setting.upper()})"
+            raise ConfigError(_blame(config._env_names, loc, message))
         cls = registry.get(kind, name).load()
         if not issubclass(cls, port):
             raise PluginError(f"backend {kind}/{name}: {cls.__name__} is not a {port.__name__}")
-        resolved.append(
-            ResolvedBackend(port, name, cls, _validate_options(kind, name, cls, section))
-        )
+        options = _validate_options(kind, name, cls, section, config._env_names)
+        resolved.append(ResolvedBackend(port, name, cls, options))
     return resolved
 
 
@@ -381,7 +453,11 @@ def resolve_one(
 
 
 def _validate_options(
-    kind: PortKind, name: str, cls: type[Port], section: BackendSection | TableSection
+    kind: PortKind,
+    name: str,
+    cls: type[Port],
+    section: BackendSection | TableSection,
+    env_names: Mapping[tuple[str, ...], str],
 ) -> BackendOptions:
     raw = section.options_for(name)
     try:
@@ -391,15 +467,16 @@ def _validate_options(
         loc = [kind.value, name, *(str(p) for p in error["loc"])]
         key = ".".join(loc)
         if error["type"] == "extra_forbidden":
-            raise ConfigError(
-                f"unknown option {key!r} for the {kind.value} backend {name!r}"
-                + _did_you_mean(str(error["loc"][0]), cls.options_model.model_fields)
-            ) from None
+            message = f"unknown option {key!r} for the {kind.value} backend {name!r}" + (
+                _did_you_mean(str(error["loc"][0]), cls.options_model.model_fields)
+            )
+            raise ConfigError(_blame(env_names, loc, message)) from None
         value = _lookup({kind.value: {name: raw}}, loc)
         shown = f" (got {value!r})" if value is not None else ""
-        raise ConfigError(
-            f"config key {key}: {error['msg'].lower()}{shown}; set it in {_where(loc)}"
-        ) from None
+        message = f"config key {key}: {error['msg'].lower()}{shown}"
+        if _from_env(env_names, loc) is None:
+            message += f"; set it in {_where(loc)}"
+        raise ConfigError(_blame(env_names, loc, message)) from None
 
 
 def masked(config: Config, registry: BackendRegistry | None = None) -> dict[str, Any]:
