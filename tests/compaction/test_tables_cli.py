@@ -1,12 +1,16 @@
 """`icefloe tables` reports a topic's tables without creating them; the commands that work on
-stored data take --data-dir and refuse a folder that holds none."""
+stored data take --data-dir and refuse a folder that holds none; `icefloe compact` reports its
+progress and refuses to compete with a serving cluster's compaction."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,13 +20,16 @@ from icefloe.cli import cli
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
 from icefloe.topics.registry import TopicRegistry
+from tests.support.broker import start_icefloe
 from tests.support.storage import storage_config
 
 
-async def seed(data_dir: Path) -> None:
+async def seed(data_dir: Path, partitions: int = 1) -> None:
+    """A topic ``t`` with three records in each partition."""
     async with await StreamStorage.open(storage_config(data_dir)) as storage:
-        topic = await TopicRegistry(storage).create("t", 1)
-        await storage.append(topic.streams[0], [Record(i, 0, None, b"v") for i in range(3)])
+        topic = await TopicRegistry(storage).create("t", partitions)
+        for stream in topic.streams:
+            await storage.append(stream, [Record(i, 0, None, b"v") for i in range(3)])
 
 
 def run(*args: str) -> str:
@@ -81,3 +88,54 @@ def test_a_command_run_where_there_is_no_data_says_so_and_creates_nothing(
         "keeps its data, or pass --data-dir (or set data_dir in the configuration)\n"
     )
     assert not (tmp_path / "icefloe-data").exists()
+
+
+def test_compact_until_idle_reports_each_task_and_the_total(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(seed(tmp_path, partitions=3))
+    monkeypatch.setenv("ICEFLOE_COMPACTOR__MAX_TASK_BYTES", "1")  # one stream per task
+
+    lines = run("compact", "--until-idle", "--data-dir", str(tmp_path)).splitlines()
+
+    # Without a terminal there is no bar: each task prints what it compacted as it ends.
+    assert lines[0] == "compacting"
+    assert len(lines) == 5
+    for line in lines[1:4]:
+        assert re.fullmatch(
+            r"compacted 3 records of 1 stream: \d+ WAL bytes into \d+ Parquet bytes", line
+        ), line
+    assert re.fullmatch(
+        r"compacted 9 records in 3 tasks: \d+ WAL bytes into \d+ Parquet bytes", lines[4]
+    )
+
+
+def test_compact_beside_a_serving_cluster_says_how_and_works_once_it_stops(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    running = start_icefloe(data)
+    try:
+        deadline = time.monotonic() + 30
+        while "this broker leads compaction" not in running.log_path.read_text():
+            assert time.monotonic() < deadline, "the broker never led compaction"
+            time.sleep(0.1)
+        for command in ("compact", "maintain"):
+            result = icefloe(command, "--data-dir", str(data))
+            assert result.returncode == 2
+            assert result.stderr == (
+                "error: a running broker leads compaction; stop `icefloe serve` first, or let it "
+                "compact (it runs every [compactor] interval_s)\n"
+            )
+    finally:
+        assert running.stop() == 0
+    result = icefloe("compact", "--until-idle", "--data-dir", str(data))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "nothing to compact"
+
+
+def icefloe(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "icefloe", *args], env=env, capture_output=True, text=True
+    )

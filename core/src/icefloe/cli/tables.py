@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
@@ -58,7 +60,8 @@ def _run(ctx: click.Context, body: Callable[[Compactor], Awaitable[T]]) -> T:
 def compact(ctx: click.Context, until_idle: bool) -> None:
     """Compact streams into Parquet and commit them to the configured tables.
 
-    Without --until-idle, runs one round as the background compactor would. Refuses to run
+    Without --until-idle, runs one round as the background compactor would. With it, a bar
+    moves with the WAL bytes compacted (without a terminal, one line per task). Refuses to run
     while a broker leads compaction (stop `icefloe serve` or let it do the work).
     """
 
@@ -69,11 +72,41 @@ def compact(ctx: click.Context, until_idle: bool) -> None:
                 click.echo(_describe(progress) if progress else "nothing is due for compaction")
                 return
             waiting = sum([(await compactor.backlog(t))[1] for t in compactor.topics.cached()])
-            with click.progressbar(length=max(waiting, 1), label="compacting") as bar:
-                tasks = await compactor.until_idle(lambda p: bar.update(p.source_bytes))
-            click.echo(f"{tasks} task{'s' if tasks != 1 else ''} done")
+            done = _Done()
+            terminal = sys.stdout.isatty()
+            with click.progressbar(
+                length=max(waiting, 1), label="compacting", item_show_func=lambda text: text
+            ) as bar:
+
+                def report(progress: Progress) -> None:
+                    done.add(progress)
+                    if not terminal:  # the bar shows only in a terminal: a line per task instead
+                        click.echo(_describe(progress))
+                    bar.update(progress.source_bytes, f"{done.records} records")
+
+                tasks = await compactor.until_idle(report)
+            click.echo(
+                f"compacted {done.records} records in {_count(tasks, 'task')}: "
+                f"{done.source_bytes} WAL bytes into {done.parquet_bytes} Parquet bytes"
+                if tasks
+                else "nothing to compact"
+            )
 
     _run(ctx, body)
+
+
+@dataclass
+class _Done:
+    """What the tasks of a run compacted so far."""
+
+    records: int = 0
+    source_bytes: int = 0
+    parquet_bytes: int = 0
+
+    def add(self, progress: Progress) -> None:
+        self.records += progress.records
+        self.source_bytes += progress.source_bytes
+        self.parquet_bytes += progress.parquet_bytes
 
 
 @click.command()
@@ -208,6 +241,6 @@ def _count(n: int, noun: str) -> str:
 
 def _describe(progress: Progress) -> str:
     return (
-        f"compacted {progress.records} records of {progress.streams} streams: "
+        f"compacted {progress.records} records of {_count(progress.streams, 'stream')}: "
         f"{progress.source_bytes} WAL bytes into {progress.parquet_bytes} Parquet bytes"
     )
