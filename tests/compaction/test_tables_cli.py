@@ -67,6 +67,16 @@ def test_tables_takes_the_data_dir_option(tmp_path: Path) -> None:
     assert {r["topic"] for r in rows} == {"t"}
 
 
+@pytest.mark.parametrize("group", ["topics", "groups"])
+def test_a_subcommand_takes_the_data_dir_option_before_or_after_its_name(
+    tmp_path: Path, group: str
+) -> None:
+    asyncio.run(seed(tmp_path))
+    before = run(group, "--data-dir", str(tmp_path), "list")
+    assert run(group, "list", "--data-dir", str(tmp_path)) == before
+    assert "Usage" not in before
+
+
 @pytest.mark.parametrize(
     "args",
     [("tables",), ("compact",), ("maintain",), ("topics", "list"), ("groups", "list")],

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -65,9 +68,27 @@ def test_describe_shows_members_assignments_and_lag(tmp_path: Path) -> None:
     assert "t:0,1" in text
 
 
-def test_describe_of_an_unknown_group_says_how_to_list_groups(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        cli, ["groups", "--data-dir", str(tmp_path), "describe", "nope"], obj={}
+def test_describe_of_an_unknown_group_is_a_one_line_error_saying_how_to_list_groups(
+    tmp_path: Path,
+) -> None:
+    asyncio.run(seed(tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "icefloe",
+            "groups",
+            "describe",
+            "nope",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
     )
-    assert result.exit_code != 0
-    assert "icefloe groups list" in result.output
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: group 'nope' does not exist; see `icefloe groups list`\n",
+    )

@@ -20,7 +20,8 @@ def _remember(ctx: click.Context, _param: click.Parameter, value: str | None) ->
 
 
 def data_dir_option(command: F) -> F:
-    """Add ``--data-dir`` to a command or group (its subcommands inherit it)."""
+    """Add ``--data-dir`` to a command or group. A group's subcommands need it too, for
+    ``icefloe topics list --data-dir X`` as well as ``icefloe topics --data-dir X list``."""
     return click.option(
         "--data-dir",
         type=click.Path(file_okay=False),

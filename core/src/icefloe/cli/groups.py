@@ -16,6 +16,7 @@ import click
 
 from icefloe.cli import data_dir
 from icefloe.cli.data_dir import data_dir_option
+from icefloe.errors import IcefloeError
 
 if TYPE_CHECKING:
     from icefloe.storage.engine import StreamStorage
@@ -52,6 +53,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 
 @groups.command("list")
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def list_command(ctx: click.Context, as_json: bool) -> None:
@@ -69,6 +71,7 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
 
 
 @groups.command("describe")
+@data_dir_option
 @click.argument("group_id")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
@@ -78,7 +81,7 @@ def describe_command(ctx: click.Context, group_id: str, as_json: bool) -> None:
 
     view = _run(ctx, lambda storage: describe_group(storage, group_id))
     if view is None:
-        raise click.ClickException(f"group {group_id!r} does not exist; see `icefloe groups list`")
+        raise IcefloeError(f"group {group_id!r} does not exist; see `icefloe groups list`")
     if as_json:
         data = dataclasses.asdict(view)
         for row, partition in zip(data["partitions"], view.partitions, strict=True):

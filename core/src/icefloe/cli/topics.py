@@ -77,6 +77,7 @@ def _parse_configs(
 
 
 @topics.command("create")
+@data_dir_option
 @click.argument("name")
 @click.option(
     "--partitions",
@@ -113,6 +114,7 @@ def create(ctx: click.Context, name: str, partitions: int | None, configs: dict[
 
 
 @topics.command("list")
+@data_dir_option
 @click.pass_context
 def list_topics(ctx: click.Context) -> None:
     """List every topic: name, partition count and topic id."""
@@ -131,6 +133,7 @@ def list_topics(ctx: click.Context) -> None:
 
 
 @topics.command("describe")
+@data_dir_option
 @click.argument("name")
 @click.pass_context
 def describe(ctx: click.Context, name: str) -> None:
@@ -162,6 +165,7 @@ def describe(ctx: click.Context, name: str) -> None:
 
 
 @topics.command("delete")
+@data_dir_option
 @click.argument("name")
 @click.pass_context
 def delete(ctx: click.Context, name: str) -> None:
