@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from icefloe import config as configuration
 from icefloe.compaction.service import Compactor
+from icefloe.compaction.task import WorkerResult
 from icefloe.config import Config, load_config
 from icefloe.errors import CorruptDataError, UnavailableError
 from icefloe.ports.base import OpenContext, PortKind
@@ -294,7 +295,7 @@ async def test_a_permanent_task_error_is_returned_typed_rather_than_raised(
     [stream] = await write_streams(storage, count=1, rounds=3)
     task = await task_for(storage, [stream], "t", "out")
     gapped = dataclasses.replace(task, ranges=(task.ranges[0], task.ranges[2]))
-    files, error = await asyncio.to_thread(run_task, spark_config(tmp_path), gapped)
+    files, _, error = await asyncio.to_thread(run_task, spark_config(tmp_path), gapped)
     assert files == []
     assert isinstance(error, CorruptDataError)
     assert isinstance(pickle.loads(pickle.dumps(error)), CorruptDataError)
@@ -305,7 +306,7 @@ def test_a_retriable_task_error_is_raised_for_spark_to_retry(
 ) -> None:
     from icefloe_compaction_spark import executor
 
-    def unavailable(config: Config, task: CompactionTask) -> list[WrittenFile]:
+    def unavailable(config: Config, task: CompactionTask) -> WorkerResult:
         raise UnavailableError("object store throttled")
 
     monkeypatch.setattr(executor, "run_task_in_worker", unavailable)

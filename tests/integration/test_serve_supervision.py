@@ -24,7 +24,7 @@ def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subp
     return subprocess.Popen(
         [sys.executable, "-m", "icefloe", "serve", *args],
         cwd=tmp_path,
-        env={**environment, **(env or {})},
+        env={**environment, "ICEFLOE_METRICS__PORT": "0", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -59,6 +59,26 @@ def test_a_taken_port_ends_serve_with_the_port_and_the_fix(tmp_path: Path) -> No
     assert f"port {port}" in line
     assert "already in use" in line
     assert "--port" in line
+    assert "Traceback" not in err
+
+
+def test_a_taken_metrics_port_ends_serve_with_the_port_and_the_fix(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, out, err = finished(
+            serve(
+                tmp_path, "--port", str(free_port()), "--metrics-port", str(port), "--data-dir", "d"
+            )
+        )
+
+    assert status == 1
+    assert "Icefloe is serving" not in out
+    line = last_line(err)
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in line
+    assert "--metrics-port" in line
+    assert "[metrics] enabled = false" in line
     assert "Traceback" not in err
 
 

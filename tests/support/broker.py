@@ -16,6 +16,7 @@ import pytest
 from tests.support.servers import free_port, port_open
 
 READY_LINE = "Icefloe is serving Kafka at "
+METRICS_LINE = "Metrics and health: "
 
 
 @dataclass
@@ -29,6 +30,8 @@ class RunningIcefloe:
     data_dir: Path
     log_path: Path
     output: list[str] = field(default_factory=list)
+    metrics_urls: list[str] = field(default_factory=list)
+    """Each broker's /metrics address, as `serve` printed them."""
 
     @property
     def bootstrap(self) -> str:
@@ -102,6 +105,7 @@ def _start_once(
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
     # Tests want quick acknowledgements more than few WAL objects.
     environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
+    environment.setdefault("ICEFLOE_METRICS__PORT", "0")  # free ports, printed by serve
     environment.update(env or {})
     log_path = data_dir.parent / f"{data_dir.name}-serve.log"
     log = log_path.open("w")
@@ -132,6 +136,10 @@ def _start_once(
             break
         running.output.append(line)
         if line.startswith(READY_LINE) and all(port_open(port + i) for i in range(brokers)):
+            if environment.get("ICEFLOE_METRICS__ENABLED", "true") != "false":
+                metrics_line = process.stdout.readline()  # printed right after
+                running.output.append(metrics_line)
+                running.metrics_urls = metrics_line.removeprefix(METRICS_LINE).strip().split(", ")
             return running
     running.stop()
     raise RuntimeError(f"icefloe serve did not start: {log_path.read_text()[-3000:]}")

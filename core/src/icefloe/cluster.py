@@ -37,14 +37,27 @@ class BrokerInfo:
     host: str
     port: int
     zone: str | None
+    metrics_port: int | None = None
+    """Where ``/metrics`` answers on ``host``, if the broker serves it."""
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.node_id, self.host, self.port, self.zone])  # type: ignore[no-any-return]
+        fields = [self.node_id, self.host, self.port, self.zone, self.metrics_port]
+        return msgpack.packb(fields)  # type: ignore[no-any-return]
 
     @classmethod
     def decode(cls, value: bytes) -> BrokerInfo:
-        node_id, host, port, zone = msgpack.unpackb(value)
-        return cls(node_id, host, port, zone)
+        # Records of brokers from before metrics have four fields.
+        node_id, host, port, zone, *rest = msgpack.unpackb(value)
+        return cls(node_id, host, port, zone, rest[0] if rest else None)
+
+
+async def registered_brokers(metadata: MetadataStore) -> list[BrokerInfo]:
+    """The brokers registered now (live ones: records vanish with their sessions)."""
+    brokers = []
+    for record in await metadata.scan(BROKERS, prefix_end(BROKERS)):
+        with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
+            brokers.append(BrokerInfo.decode(record.value))
+    return brokers
 
 
 def client_zone(client_id: str | None) -> str | None:
@@ -79,7 +92,14 @@ class Cluster:
         self.me: BrokerInfo | None = None
         self.cluster_id = ""
 
-    async def join(self, host: str, port: int, zone: str | None, node_id: int | None) -> BrokerInfo:
+    async def join(
+        self,
+        host: str,
+        port: int,
+        zone: str | None,
+        node_id: int | None,
+        metrics_port: int | None = None,
+    ) -> BrokerInfo:
         """Register this broker; ``node_id`` ``None`` allocates one."""
         self.cluster_id = await self._cluster_id()
         self._session = await self._metadata.open_session(self._ttl)
@@ -87,7 +107,7 @@ class Cluster:
         chosen = (
             node_id if node_id is not None else await counters.increment(self._metadata, "node-id")
         )
-        self.me = BrokerInfo(chosen, host, port, zone)
+        self.me = BrokerInfo(chosen, host, port, zone, metrics_port)
         try:
             await self._metadata.put(
                 f"{BROKERS}{chosen}",
@@ -125,13 +145,12 @@ class Cluster:
     def coordinator(self, group: str, zone: str | None) -> BrokerInfo:
         return rendezvous_owner(f"group/{group}", self.brokers_for(zone))
 
+    def live(self) -> list[BrokerInfo]:
+        """Every live broker, by node id."""
+        return self.brokers_for(None)
+
     async def _reload(self) -> None:
-        records = await self._metadata.scan(BROKERS, prefix_end(BROKERS))
-        self._live = {}
-        for record in records:
-            with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
-                info = BrokerInfo.decode(record.value)
-                self._live[info.node_id] = info
+        self._live = {info.node_id: info for info in await registered_brokers(self._metadata)}
 
     async def _refresh(self, event: WatchEvent) -> None:
         await self._reload()

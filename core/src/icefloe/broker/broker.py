@@ -9,6 +9,7 @@ import random
 from typing import Self
 
 from icefloe.broker.memory import ByteBudget, client_data_bytes
+from icefloe.broker.observability import OperatorEndpoints
 from icefloe.broker.server import KafkaServer
 from icefloe.broker.stalls import StallDetector
 from icefloe.cluster import BrokerInfo, Cluster
@@ -39,6 +40,7 @@ class Broker:
         """Memory for requests and responses in flight, over every connection."""
         self.server = KafkaServer(self, self.memory)
         self.stalls = StallDetector()
+        self.endpoints: OperatorEndpoints | None = None
         self._stall_watch: asyncio.Task[None] | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._compactor: Compactor | None = None
@@ -51,19 +53,37 @@ class Broker:
         return cls(config, storage)
 
     @property
+    def compactor(self) -> Compactor | None:
+        """This broker's compactor (it compacts while it holds the compaction lease)."""
+        return self._compactor
+
+    @property
     def me(self) -> BrokerInfo:
         assert self.cluster.me is not None, "the broker has not started"
         return self.cluster.me
 
-    async def start(self, port: int | None = None) -> BrokerInfo:
-        """Listen for clients and register in the cluster; return this broker's record."""
+    async def start(self, port: int | None = None, metrics_port: int | None = None) -> BrokerInfo:
+        """Listen for clients and register in the cluster; return this broker's record.
+
+        Args:
+            port: The Kafka port (default: ``[broker] port``; 0 picks a free one).
+            metrics_port: Serve the operator endpoints (:mod:`.observability`) on this port
+                (0 picks a free one); ``None`` serves none.
+        """
         self._stall_watch = asyncio.create_task(self.stalls.run(), name="stall-detector")
         await self.topics.start()
         bound = await self.server.start(
             self.options.host, self.options.port if port is None else port
         )
+        bound_metrics = None
+        if metrics_port is not None:
+            self.endpoints = OperatorEndpoints(self)
+            host = self.config.metrics.host or self.options.host
+            bound_metrics = self.endpoints.start(host, metrics_port)
         advertised = self.options.advertised_host or self.options.host
-        info = await self.cluster.join(advertised, bound, self.options.zone, self.options.node_id)
+        info = await self.cluster.join(
+            advertised, bound, self.options.zone, self.options.node_id, bound_metrics
+        )
         await self.groups.start()
         self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
         if self.config.compactor.enabled and self.config.compaction.backend:
@@ -87,6 +107,8 @@ class Broker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.server.close()
+        if self.endpoints is not None:
+            await self.endpoints.close()
         await self.groups.stop()  # hands this broker's group leases over at once
         await self.storage.flush()
         await self.cluster.leave()

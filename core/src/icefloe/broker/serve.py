@@ -68,7 +68,7 @@ class StartFailed(Exception):
     """A broker could not start; the message is the one line ``serve`` prints."""
 
 
-def run_broker(config: Config, port: int, report: Connection) -> None:
+def run_broker(config: Config, port: int, metrics_port: int | None, report: Connection) -> None:
     """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
     _return_large_blocks_to_the_system()
@@ -81,7 +81,7 @@ def run_broker(config: Config, port: int, report: Connection) -> None:
         broker: Broker | None = None
         try:
             broker = await Broker.open(config)
-            info = await broker.start(port)
+            info = await broker.start(port, metrics_port)
         except Exception as exc:  # noqa: BLE001 - every cause becomes one line for the parent
             report.send(("failed", startup_failure(exc, config, port)))
             if broker is not None:
@@ -91,7 +91,7 @@ def run_broker(config: Config, port: int, report: Connection) -> None:
         # What exists now (modules, schemas, plugins) lives as long as the process: keep it out
         # of the collector's full passes, which otherwise stall the loop for 100-200 ms each.
         gc.freeze()
-        report.send(("ready", (info.node_id, info.host, info.port)))
+        report.send(("ready", (info.node_id, info.host, info.port, info.metrics_port)))
         try:
             await stop.wait()
         finally:
@@ -169,13 +169,21 @@ def serve(config: Config, brokers: int) -> int:
         _stop_all(children)
         return 0
     host = started[0][1]
-    ports = sorted(p for _, _, p in started)
+    ports = sorted(p for _, _, p, _ in started)
     print(
         f"Icefloe is serving Kafka at {host}:{base} "
         f"({brokers} broker{'s' if brokers > 1 else ''} on ports {ports[0]}-{ports[-1]}; "
         f"data in {config.data_dir})",
         flush=True,
     )
+    metrics_ports = [m for _, _, _, m in started if m is not None]
+    if metrics_ports:
+        metrics_host = config.metrics.host or host
+        print(
+            "Metrics and health: "
+            + ", ".join(f"http://{metrics_host}:{m}/metrics" for m in metrics_ports),
+            flush=True,
+        )
     try:
         while not stopping.wait(_POLL_S):
             for i, child in enumerate(children):
@@ -271,10 +279,22 @@ def _supervise(config: Config, child: _Child) -> _Child:
 
 def _start(config: Config, index: int, port: int) -> _Child:
     reports, report = _SPAWN.Pipe(duplex=False)
-    process = _SPAWN.Process(target=run_broker, args=(config, port, report), name=f"broker-{index}")
+    process = _SPAWN.Process(
+        target=run_broker,
+        args=(config, port, metrics_port(config, index), report),
+        name=f"broker-{index}",
+    )
     process.start()
     report.close()  # the child holds the writing end: its death shows here as end of file
     return _Child(index, port, process, time.monotonic(), reports)
+
+
+def metrics_port(config: Config, index: int) -> int | None:
+    """The metrics port of the ``index``-th broker (``None``: metrics are off)."""
+    options = config.metrics
+    if not options.enabled:
+        return None
+    return options.port + index if options.port else 0
 
 
 def _stop_all(children: list[_Child]) -> None:

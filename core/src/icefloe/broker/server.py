@@ -20,14 +20,18 @@ import contextlib
 import importlib
 import logging
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from icefloe import metrics
 from icefloe.broker import protocol
+from icefloe.broker.answered_errors import errors_in
 from icefloe.broker.apis import SUPPORTED_APIS, Api
 from icefloe.broker.memory import ByteBudget, Held
 from icefloe.broker.protocol import ProtocolError, Request
+from icefloe.cluster import client_zone
 
 if TYPE_CHECKING:
     from icefloe.broker.broker import Broker
@@ -130,6 +134,8 @@ class KafkaServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        metrics.CONNECTIONS_ACCEPTED.inc()
+        metrics.CONNECTIONS.inc()
         peer = str(writer.get_extra_info("peername"))
         connection = Connection(peer, ByteBudget(self._options.max_inflight_bytes))
         responses: asyncio.Queue[_Pending | None] = asyncio.Queue(
@@ -167,6 +173,7 @@ class KafkaServer:
             for held in list(connection.holds):
                 held.release()
             self._connections.discard(task)
+            metrics.CONNECTIONS.dec()
 
     async def _read_requests(
         self,
@@ -222,18 +229,24 @@ class KafkaServer:
             raise ProtocolError(f"unsupported version {api_version} of {api.name}")
         request = protocol.decode_request(frame)
         context = RequestContext(self._broker, connection, request, held)
+        if self._cross_zone(request.client_id):
+            metrics.CROSS_ZONE_BYTES.labels("in").inc(len(frame))
         return asyncio.create_task(self._respond(api, context), name=f"{api.name} {api_version}")
 
     async def _respond(self, api: Api, context: RequestContext) -> memoryview | None:
         request = context.request
+        started = time.perf_counter()
         try:
             body = await self.handler(api)(context, request.body)
+            _count_answer(api, request.api_version, body, time.perf_counter() - started)
             if body is NO_RESPONSE:
                 return None
             frame = protocol.encode_response(
                 request.api_key, request.api_version, request.correlation_id, body
             )
             context.held.add_response(len(frame))
+            if self._cross_zone(request.client_id):
+                metrics.CROSS_ZONE_BYTES.labels("out").inc(len(frame))
             return frame
         except Exception:
             # A bug, never the client's fault: handlers answer bad input with Kafka errors.
@@ -244,6 +257,14 @@ class KafkaServer:
                 context.connection.peer,
             )
             raise
+
+    def _cross_zone(self, client_id: str | None) -> bool:
+        """Whether the client names a zone other than this broker's (both must be known)."""
+        zone = self._options.zone
+        if zone is None or not client_id:
+            return False
+        theirs = client_zone(client_id)
+        return theirs is not None and theirs != zone
 
     async def _unsupported_api_versions(self, frame: bytes) -> memoryview:
         from icefloe.broker.handlers.api_versions import unsupported_version_response
@@ -274,6 +295,14 @@ class KafkaServer:
                     await writer.drain()
             finally:
                 pending.held.release()
+
+
+def _count_answer(api: Api, version: int, body: Any, seconds: float) -> None:
+    metrics.REQUEST_SECONDS.labels(api.name, str(version)).observe(seconds)
+    if body is NO_RESPONSE:
+        return
+    for code in errors_in(body):
+        metrics.REQUEST_ERRORS.labels(api.name, code.name).inc()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ Every client of a broker process is served by one event loop; a handler that com
 half a second without awaiting freezes all of them, and the process looks alive all the
 while. A ticker that asks to wake every ``period_s`` measures how late each wake-up comes:
 lateness over ``threshold_s`` is a stall, counted and logged (once per ``report_every_s`` at
-most, with the count and the worst stall since the last report).
+most, with the count and the worst stall since the last report). Every lateness goes to the
+event-loop lag histogram of the metrics.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+
+from icefloe import metrics
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class StallDetector:
             due = loop.time() + self.period_s
             await asyncio.sleep(self.period_s)
             late = loop.time() - due
+            metrics.EVENT_LOOP_LAG.observe(max(late, 0.0))
             if late > self.threshold_s:
                 self._stalled(late)
 

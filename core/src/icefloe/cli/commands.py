@@ -235,8 +235,19 @@ def _without_none(value: Any) -> Any:
     show_default=True,
     help="Broker processes to run (one per core is a good start).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Port of the first broker's /metrics, /livez and /readyz (0: free ports).",
+)
 @click.pass_context
-def serve(ctx: click.Context, data_dir: str | None, port: int | None, brokers: int) -> int:
+def serve(
+    ctx: click.Context,
+    data_dir: str | None,
+    port: int | None,
+    brokers: int,
+    metrics_port: int | None,
+) -> int:
     """Run Kafka-compatible brokers (on the embedded default unless configured otherwise)."""
     from icefloe.broker.memory import client_data_bytes
     from icefloe.broker.serve import serve as run
@@ -246,6 +257,8 @@ def serve(ctx: click.Context, data_dir: str | None, port: int | None, brokers: i
         overrides["data_dir"] = data_dir
     if port is not None:
         overrides["broker"] = {"port": port}
+    if metrics_port is not None:
+        overrides["metrics"] = {"port": metrics_port}
     config = configuration.load_config(ctx.obj.get("config_path"), overrides=overrides)
     for needed in (MetadataStore, ObjectStore, WAL):
         configuration.resolve_one(config, needed)  # fail now, with the fix, not in a child

@@ -32,12 +32,13 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 import msgpack
 
+from icefloe import metrics
 from icefloe.compaction.planner import Plan, TaskKind
 from icefloe.keyspace import COMPACTION, prefix_end
 from icefloe.ports.compaction import (
@@ -173,7 +174,7 @@ class Committer:
         offsets: OffsetIndex,
         store: ObjectStore,
         engine: CompactionEngine,
-        table_formats: Sequence[TableFormat],
+        table_formats: Mapping[str, TableFormat],
         table_spec: Callable[[str], TableSpec],
         *,
         expire_every: int,
@@ -184,7 +185,8 @@ class Committer:
         self._offsets = offsets
         self._store = store
         self._engine = engine
-        self._table_formats = list(table_formats)
+        self._table_formats = dict(table_formats)
+        """Each enabled format by its backend name."""
         self._table_spec = table_spec
         """A topic's table, by topic name."""
         self._expire_every = expire_every
@@ -305,7 +307,7 @@ class Committer:
         # reach the tables of a new topic of the same name.
         gone = {s.topic for s in record.streams if not self._is_live(s.topic, s.stream_id)}
         commits = sorted((t, seq) for t, seq in record.sequences.items() if t not in gone)
-        for table_format in self._table_formats:
+        for format_name, table_format in self._table_formats.items():
             for topic, sequence in commits:
                 spec = self.table_spec(topic)
                 if (id(table_format), topic) not in self._ensured:
@@ -317,7 +319,11 @@ class Committer:
                     # not the table's to remove; every format refuses such a commit.
                     live = {f.path for f in await table_format.files(spec)}
                     taken = [path for path in taken if path in live]
-                await table_format.commit(spec, sequence, added[topic], taken)
+                with metrics.timed(
+                    metrics.TABLE_COMMIT_SECONDS.labels(format_name),
+                    metrics.TABLE_COMMIT_FAILURES.labels(format_name),
+                ):
+                    await table_format.commit(spec, sequence, added[topic], taken)
                 if sequence % self._expire_every == 0:
                     await table_format.expire(spec, now_ms - self._history_ms(topic))
 

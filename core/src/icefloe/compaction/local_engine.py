@@ -50,7 +50,9 @@ class LocalCompactionEngine(CompactionEngine):
         results = await asyncio.gather(
             *(loop.run_in_executor(self._pool, run_task_in_worker, self._config, t) for t in tasks)
         )
-        return [file for files in results for file in files]
+        for result in results:
+            self.stats.add(result.requests)
+        return [file for result in results for file in result.files]
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True, cancel_futures=True)

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Final, Self
 
 from icefloe import config as configuration
+from icefloe import metrics
 from icefloe.compaction import dropping, maintenance, retention
 from icefloe.compaction.committer import Committer, TaskRecord
 from icefloe.compaction.maintenance import TableSettings
-from icefloe.compaction.planner import Plan, plan_task
+from icefloe.compaction.planner import Plan, TaskKind, plan_task
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 LEADER_KEY: Final = COMPACTION + "leader"
 REWRITES_PER_ROUND: Final = 16
 """Merges of small files per maintenance round; the rest wait for the next one."""
+BACKLOG_REPORT_INTERVAL_S: Final = 10.0
+"""How often the compaction leader sets the backlog gauges."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +75,7 @@ class Compactor:
             storage.offset_index,
             storage.object_store,
             engine,
-            list(table_formats.values()),
+            table_formats,
             self._table_spec,
             expire_every=options.expire_every_commits,
             history_ms=self._history_ms,
@@ -80,6 +83,9 @@ class Compactor:
         )
         self._next_maintenance = 0.0
         self._next_orphan_sweep = 0.0
+        self._next_backlog_report = 0.0
+        self._reported_backlog: set[str] = set()
+        """Topics whose backlog gauges this compactor set (as leader)."""
 
     @classmethod
     async def open(
@@ -105,15 +111,24 @@ class Compactor:
             config.compactor,
         )
 
+    @property
+    def engine(self) -> CompactionEngine:
+        return self._engine
+
     async def backlog(self, topic: Topic) -> tuple[int, int]:
         """(records, bytes) of ``topic`` still only in the WAL."""
-        records = size = 0
+        waiting = await self._waiting(topic)
+        return waiting.records, waiting.size
+
+    async def _waiting(self, topic: Topic) -> _Waiting:
+        waiting = _Waiting()
         for stream in topic.streams:
             async for entry in self.storage.index.entries(stream):
                 if entry.in_wal:
-                    records += entry.record_count
-                    size += entry.size
-        return records, size
+                    waiting.records += entry.record_count
+                    waiting.size += entry.size
+                    waiting.oldest_ms = min(waiting.oldest_ms, entry.created_ms)
+        return waiting
 
     async def close(self) -> None:
         await self._engine.close()
@@ -238,13 +253,47 @@ class Compactor:
                             await self.maintain()
                     except IcefloeError:
                         log.warning("compaction failed; will retry", exc_info=True)
+                    if time.monotonic() >= self._next_backlog_report:
+                        # Reads every stream's index: not on every pass of a busy leader.
+                        self._next_backlog_report = time.monotonic() + BACKLOG_REPORT_INTERVAL_S
+                        with contextlib.suppress(IcefloeError):  # the gauges wait till next time
+                            await self.report_backlog()
                     await _sleep_until(stop, self._options.interval_s)
             finally:
+                self._forget_backlog(self._reported_backlog)  # the next leader reports it
+                self._reported_backlog = set()
                 await session.close()
 
     async def _run(self, plan: Plan) -> Progress:
         record = await self.committer.finish(await self.committer.start(plan))
+        if plan.kind is TaskKind.COMPACT:
+            _count_compacted(plan, record)
         return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
+
+    async def report_backlog(self) -> None:
+        """Set the backlog gauges: per topic, what waits in the WAL and since when."""
+        now_ms = time.time() * 1000
+        reported = set()
+        for topic in self.topics.cached():
+            waiting = await self._waiting(topic)
+            metrics.COMPACTION_BACKLOG_RECORDS.labels(topic.name).set(waiting.records)
+            metrics.COMPACTION_BACKLOG_BYTES.labels(topic.name).set(waiting.size)
+            age_s = max(0.0, now_ms - waiting.oldest_ms) / 1000 if waiting.records else 0.0
+            metrics.COMPACTION_BACKLOG_AGE.labels(topic.name).set(age_s)
+            reported.add(topic.name)
+        self._forget_backlog(self._reported_backlog - reported)
+        self._reported_backlog = reported
+
+    def _forget_backlog(self, topics: set[str]) -> None:
+        """Remove the backlog gauges of ``topics`` (deleted, or no longer ours to report)."""
+        for topic in topics:
+            for gauge in (
+                metrics.COMPACTION_BACKLOG_RECORDS,
+                metrics.COMPACTION_BACKLOG_BYTES,
+                metrics.COMPACTION_BACKLOG_AGE,
+            ):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(topic)
 
     def _table_spec(self, topic_name: str) -> TableSpec:
         topic = self.topics.get_cached(topic_name)
@@ -265,6 +314,25 @@ class Compactor:
         if topic is None:
             return int(self._options.history_retention_s * 1000)
         return TableSettings.of(topic, self._options).history_ms
+
+
+def _count_compacted(plan: Plan, record: TaskRecord) -> None:
+    topic_of = {s.stream_id: s.topic for s in plan.streams}
+    for stream in plan.streams:
+        wal_bytes = sum(e.size for e in stream.entries)
+        metrics.COMPACTED_BYTES.labels(stream.topic).inc(wal_bytes)
+    for f in record.files or ():
+        metrics.COMPACTED_PARQUET_BYTES.labels(topic_of[f.stream_id]).inc(f.size)
+
+
+@dataclass
+class _Waiting:
+    """What of a topic waits in the WAL for compaction."""
+
+    records: int = 0
+    size: int = 0
+    oldest_ms: float = float("inf")
+    """When its oldest waiting entry was written."""
 
 
 def _progress(record: TaskRecord, source_bytes: int) -> Progress:

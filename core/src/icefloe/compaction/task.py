@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -152,17 +152,24 @@ def _encode(table: pa.Table) -> tuple[bytes, dict[str, Any]]:
     return data, facts
 
 
-def run_task_in_worker(config: configuration.Config, task: CompactionTask) -> list[WrittenFile]:
+class WorkerResult(NamedTuple):
+    files: list[WrittenFile]
+    requests: dict[str, dict[str, int]]
+    """The object-store requests the task sent (:meth:`RequestStats.snapshot`), so that the
+    broker's metrics count them too."""
+
+
+def run_task_in_worker(config: configuration.Config, task: CompactionTask) -> WorkerResult:
     """Open the WAL and object store from ``config`` and run ``task`` (blocking)."""
 
-    async def main() -> list[WrittenFile]:
+    async def main() -> WorkerResult:
         context = OpenContext(data_dir=config.data_dir)
         store = await configuration.resolve_one(config, ObjectStore).open(context)
         try:
             wal_context = OpenContext(data_dir=config.data_dir, object_store=store)
             wal = await configuration.resolve_one(config, WAL).open(wal_context)
             try:
-                return await execute(task, wal, store)
+                return WorkerResult(await execute(task, wal, store), store.stats.snapshot())
             finally:
                 await wal.close()
         finally:

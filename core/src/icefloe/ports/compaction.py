@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from icefloe.ports.base import Port, PortKind
+from icefloe.ports.object_store import RequestStats
 from icefloe.ports.table import TimePartition
 
 
@@ -105,6 +107,12 @@ class CompactionEngine(Port):
     """Runs compaction tasks; see the module docstring for the contract."""
 
     kind: ClassVar[PortKind] = PortKind.COMPACTION
+
+    @functools.cached_property
+    def stats(self) -> RequestStats:
+        """The object-store requests this engine's tasks sent, where the engine can tell
+        (each task opens a store of its own, in another process or on another machine)."""
+        return RequestStats()
 
     async def run(self, tasks: Sequence[CompactionTask]) -> list[WrittenFile]:
         ids = [t.task_id for t in tasks]

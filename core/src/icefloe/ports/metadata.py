@@ -53,6 +53,10 @@ Capabilities
 Errors
     Adapters raise only :mod:`icefloe.errors` types; an unreachable server is
     :class:`~icefloe.errors.UnavailableError` (retriable).
+
+Metrics
+    The public methods time every call and count the ones that fail (a compare-and-set that
+    loses is an answer, not a failure), so each adapter is measured alike.
 """
 
 from __future__ import annotations
@@ -62,11 +66,13 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Self
 
-from icefloe.errors import ConfigError
+from icefloe import metrics
+from icefloe.errors import ConfigError, ConflictError
 from icefloe.ports.base import Port, PortKind
 
 _log = logging.getLogger(__name__)
@@ -79,6 +85,37 @@ MAX_VALUE_BYTES: Final = 1 << 20
 SCAN_PAGE: Final = 1000
 """Records :meth:`MetadataStore.scan_all` reads per request."""
 SEQUENCE_COMPONENT_WIDTH: Final = 20
+
+
+_OPS: Final = (
+    "get",
+    "put",
+    "delete",
+    "delete_range",
+    "scan",
+    "floor",
+    "ceiling",
+    "append_sequence",
+    "open_session",
+    "transact",
+)
+# Bound once: a failure counter that exists from the start reads 0 rather than being absent.
+_SECONDS: Final = {op: metrics.METADATA_SECONDS.labels(op) for op in _OPS}
+_FAILURES: Final = {op: metrics.METADATA_FAILURES.labels(op) for op in _OPS}
+
+
+@contextlib.contextmanager
+def _measured(op: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    except ConflictError:
+        raise  # the store answered: the condition did not hold
+    except Exception:
+        _FAILURES[op].inc()
+        raise
+    finally:
+        _SECONDS[op].observe(time.perf_counter() - started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +283,8 @@ class MetadataStore(Port):
     async def get(self, key: str) -> Record | None:
         """The record at ``key``, or ``None``."""
         validate_key(key)
-        return await self._get(key)
+        with _measured("get"):
+            return await self._get(key)
 
     async def put(
         self,
@@ -272,7 +310,8 @@ class MetadataStore(Port):
         validate_key(key)
         _validate_value(value)
         _validate_expected(expected_version)
-        return await self._put(key, value, expected_version, session)
+        with _measured("put"):
+            return await self._put(key, value, expected_version, session)
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
         """Delete ``key``; ``True`` if it existed.
@@ -285,13 +324,15 @@ class MetadataStore(Port):
         _validate_expected(expected_version)
         if expected_version == MUST_NOT_EXIST:
             raise ValueError("delete with expected_version=MUST_NOT_EXIST makes no sense")
-        return await self._delete(key, expected_version)
+        with _measured("delete"):
+            return await self._delete(key, expected_version)
 
     async def delete_range(self, start: str, end: str) -> None:
         """Delete every key with ``start <= key < end`` (not atomic across shards)."""
         validate_key(start)
         validate_key(end)
-        await self._delete_range(start, end)
+        with _measured("delete_range"):
+            await self._delete_range(start, end)
 
     async def scan(self, start: str, end: str, *, limit: int | None = None) -> list[Record]:
         """Records with ``start <= key < end`` in key order, at most ``limit`` of them."""
@@ -301,7 +342,8 @@ class MetadataStore(Port):
             raise ValueError(f"limit must be positive, got {limit}")
         if start >= end:
             return []
-        return await self._scan(start, end, limit)
+        with _measured("scan"):
+            return await self._scan(start, end, limit)
 
     async def scan_all(
         self, start: str, end: str, *, page: int = SCAN_PAGE
@@ -319,12 +361,14 @@ class MetadataStore(Port):
     async def floor(self, key: str) -> Record | None:
         """The record with the greatest key ``<= key``."""
         validate_key(key)
-        return await self._floor(key)
+        with _measured("floor"):
+            return await self._floor(key)
 
     async def ceiling(self, key: str) -> Record | None:
         """The record with the least key ``>= key``."""
         validate_key(key)
-        return await self._ceiling(key)
+        with _measured("ceiling"):
+            return await self._ceiling(key)
 
     async def append_sequence(self, prefix: str, value: bytes, deltas: Sequence[int]) -> Record:
         """Append ``value`` under the next key of sequence ``prefix``; see the module contract."""
@@ -335,7 +379,8 @@ class MetadataStore(Port):
             raise ValueError(
                 f"sequence deltas must be one positive delta then non-negative ones, got {deltas}"
             )
-        return await self._append_sequence(prefix, value, deltas)
+        with _measured("append_sequence"):
+            return await self._append_sequence(prefix, value, deltas)
 
     def watch(self, prefix: str = "") -> _WatchOpener:
         """Watch changes to keys starting with ``prefix``.
@@ -351,7 +396,8 @@ class MetadataStore(Port):
         """Start a session whose ephemeral keys vanish ``ttl`` seconds after its holder dies."""
         if not 0.1 <= ttl <= 3600:
             raise ConfigError(f"session ttl must be between 0.1 and 3600 seconds, got {ttl}")
-        return await self._open_session(ttl)
+        with _measured("open_session"):
+            return await self._open_session(ttl)
 
     async def transact(self, checks: Sequence[Check], writes: Sequence[Put | Delete]) -> None:
         """Apply ``writes`` atomically if every check holds (``MULTI_KEY_TRANSACTION`` only).
@@ -368,7 +414,8 @@ class MetadataStore(Port):
             validate_key(write.key)
             if isinstance(write, Put):
                 _validate_value(write.value)
-        await self._transact(list(checks), list(writes))
+        with _measured("transact"):
+            await self._transact(list(checks), list(writes))
 
     # --- adapter primitives -------------------------------------------------------------------
 

@@ -82,6 +82,13 @@ class RequestStats:
             self.requests[kind] += requests
             self.bytes[kind] += nbytes
 
+    def add(self, snapshot: dict[str, dict[str, int]]) -> None:
+        """Add what another process counted (a :meth:`snapshot` of its stats)."""
+        with self._lock:
+            for kind in RequestKind:
+                self.requests[kind] += snapshot["requests"].get(kind.value, 0)
+                self.bytes[kind] += snapshot["bytes"].get(kind.value, 0)
+
     def snapshot(self) -> dict[str, dict[str, int]]:
         """A plain copy: ``{"requests": {"PUT": n, …}, "bytes": {…}}``."""
         with self._lock:

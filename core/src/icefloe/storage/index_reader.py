@@ -14,7 +14,9 @@ import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
+from typing import Final
 
+from icefloe import metrics
 from icefloe.keyspace import STREAMS
 from icefloe.ports.metadata import EventKind, Follower, MetadataStore, WatchEvent
 from icefloe.storage import index, keys
@@ -24,6 +26,10 @@ log = logging.getLogger(__name__)
 
 SCAN_PAGE = 1000
 """Index entries read per request when walking a stream's index."""
+
+
+_CACHE_HITS: Final = metrics.INDEX_CACHE.labels("hit")
+_CACHE_MISSES: Final = metrics.INDEX_CACHE.labels("miss")
 
 
 class _StreamCache:
@@ -107,7 +113,9 @@ class IndexReader:
             self._streams.move_to_end(stream_id)
             hit = cache.find(offset)
             if hit is not None:
+                _CACHE_HITS.inc()
                 return hit
+        _CACHE_MISSES.inc()
         record = await self._metadata.ceiling(keys.index_search_key(stream_id, offset + 1))
         first, last = keys.index_range(stream_id)
         if record is None or not first <= record.key < last:

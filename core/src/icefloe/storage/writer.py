@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from icefloe import metrics
 from icefloe.config.storage import StorageOptions
 from icefloe.errors import IcefloeError, UnavailableError
 from icefloe.ports.wal import WAL
@@ -211,16 +212,19 @@ class WalWriter:
     ) -> None:
         try:
             async with self._inflight:
+                started = time.perf_counter()
                 try:
                     sealed = await self._write(flush)
                 except Exception as exc:  # noqa: BLE001 - every failure must reach the appends
                     sealed = None
+                    metrics.WAL_FLUSH_FAILURES.inc()
                     self._fail(flush.appends, exc)
                 # Commits go in flush order even when WAL writes finish out of order.
                 if previous is not None:
                     await asyncio.shield(previous)
-                if sealed is not None:
-                    await self._commit(sealed)
+                if sealed is not None and await self._commit(sealed):
+                    metrics.WAL_FLUSH_SECONDS.observe(time.perf_counter() - started)
+                    metrics.WAL_RECORDS.inc(sum(p.record_count for p in flush.appends))
         finally:
             committed.set_result(None)
             await self._release(flush.size)
@@ -239,10 +243,12 @@ class WalWriter:
         created = time.time()
         encoded = walformat.encode_wal_object(chunks, created_ms=int(created * 1000))
         ref = await self._wal.append(encoded.data)
+        metrics.WAL_FLUSH_BYTES.observe(len(encoded.data))
         self._recent.add(ref, encoded.data)
         return _Sealed(ref, created, by_stream, encoded.chunks)
 
-    async def _commit(self, sealed: _Sealed) -> None:
+    async def _commit(self, sealed: _Sealed) -> bool:
+        """Commit each stream's index entry and answer its appends; whether all committed."""
         results = await asyncio.gather(
             *(
                 self._commit_chunk(sealed, placement, sealed.by_stream[placement.entry.stream_id])
@@ -250,9 +256,11 @@ class WalWriter:
             ),
             return_exceptions=True,
         )
+        failed = False
         for placement, result in zip(sealed.placements, results, strict=True):
             appends = sealed.by_stream[placement.entry.stream_id]
             if isinstance(result, BaseException):
+                failed = True
                 self._fail(appends, result)
                 continue
             offset = result.start
@@ -262,6 +270,9 @@ class WalWriter:
                 if not pending.future.done():
                     pending.future.set_result(offset)
                 offset += pending.record_count
+        if failed:
+            metrics.WAL_FLUSH_FAILURES.inc()
+        return not failed
 
     async def _commit_chunk(
         self, sealed: _Sealed, chunk: walformat.EncodedChunk, appends: list[_Append]

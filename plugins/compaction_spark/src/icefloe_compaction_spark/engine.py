@@ -67,7 +67,8 @@ class SparkCompactionEngine(CompactionEngine):
             self._spark.cancel(group)
             raise
         files: list[WrittenFile] = []
-        for task_files, error in outcomes:
+        for task_files, requests, error in outcomes:
+            self.stats.add(requests)
             if error is not None:
                 raise error
             files.extend(task_files)

@@ -11,8 +11,8 @@ from icefloe.config import Config
 from icefloe.errors import IcefloeError
 from icefloe.ports.compaction import CompactionTask, WrittenFile
 
-Outcome = tuple[list[WrittenFile], IcefloeError | None]
-"""A task's files, or the error that stopped it."""
+Outcome = tuple[list[WrittenFile], dict[str, dict[str, int]], IcefloeError | None]
+"""A task's files and the object-store requests it sent, or the error that stopped it."""
 
 
 def run_task(config: Config, task: CompactionTask) -> Outcome:
@@ -25,8 +25,9 @@ def run_task(config: Config, task: CompactionTask) -> Outcome:
     — harmless, since a task writes the same files to the same paths every time.
     """
     try:
-        return run_task_in_worker(config, task), None
+        result = run_task_in_worker(config, task)
+        return result.files, result.requests, None
     except IcefloeError as exc:
         if exc.retriable:
             raise
-        return [], exc
+        return [], {"requests": {}, "bytes": {}}, exc

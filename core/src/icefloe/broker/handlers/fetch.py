@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from icefloe import metrics
 from icefloe.broker.handlers import partitions
 from icefloe.broker.memory import Held
 from icefloe.broker.protocol import make
@@ -240,6 +241,8 @@ async def _partition_response(
         except IcefloeError as exc:
             target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
             target.data, high_watermark, log_start = b"", -1, -1
+    if target.data:
+        metrics.BYTES_OUT.labels(target.topic).inc(len(target.data))
     return make(
         module.PartitionData,
         partition_index=target.index,

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from icefloe import metrics
 from icefloe.broker.handlers import partitions
 from icefloe.broker.protocol import make
 from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
@@ -67,6 +68,8 @@ class _Partition:
     message: str | None = None
     log_append_time_ms: int | None = None
     """The broker's time stamped on the batch (a LogAppendTime topic)."""
+    size: int = 0
+    """Bytes of the batch the producer sent."""
 
     def fail(self, error: ErrorCode, message: str) -> None:
         self.error, self.message, self.pending = error, message, None
@@ -144,6 +147,7 @@ async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> No
         limit = batch_limit(configs, ctx.broker.config.storage)
         if configs.get(TIMESTAMP_TYPE_CONFIG) == LOG_APPEND_TIME:
             target.log_append_time_ms = int(time.time() * 1000)
+        target.size = len(records)
         try:
             target.pending = await ctx.broker.storage.submit_batches(
                 stream_id,
@@ -161,6 +165,7 @@ async def _complete(ctx: RequestContext, target: _Partition) -> None:
     if target.pending is not None:
         try:
             target.base_offset = await target.pending
+            metrics.BYTES_IN.labels(target.topic).inc(target.size)
         except IcefloeError as exc:
             target.fail(*_write_error(exc))
     if target.stream_id is not None:
