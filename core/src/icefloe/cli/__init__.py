@@ -7,6 +7,7 @@ import sys
 import click
 
 from icefloe.cli.commands import config_group, contract_test, plugins, serve
+from icefloe.cli.cost import cost
 from icefloe.cli.groups import groups
 from icefloe.cli.tables import compact, maintain, tables
 from icefloe.cli.topics import topics
@@ -37,6 +38,7 @@ cli.add_command(maintain)
 cli.add_command(tables)
 cli.add_command(topics)
 cli.add_command(groups)
+cli.add_command(cost)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,6 +38,7 @@ from pydantic import (
 
 from icefloe.config.broker import BrokerOptions
 from icefloe.config.compactor import CompactorOptions
+from icefloe.config.cost import CostPrices
 from icefloe.config.groups import GroupOptions
 from icefloe.config.metrics import MetricsOptions
 from icefloe.config.storage import StorageOptions
@@ -146,6 +147,7 @@ class Config(BaseModel):
     broker: BrokerOptions = BrokerOptions()
     groups: GroupOptions = GroupOptions()
     metrics: MetricsOptions = MetricsOptions()
+    cost: CostPrices = CostPrices()
 
     _env_names: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
     """The environment variable behind each key it set, so that errors found later (by
