@@ -67,6 +67,14 @@ KEYSPACE: Final = (
     Prefix(
         "STREAMS",
         STREAMS,
+        "streams/<stream id>/log-start",
+        "icefloe.storage.offset_index",
+        "the log start DeleteRecords set, in decimal; it only moves forward (absent: 0)",
+        readers=("icefloe.storage.keys", "icefloe.storage.index_reader"),
+    ),
+    Prefix(
+        "STREAMS",
+        STREAMS,
         "streams/<stream id>/producers/<producer id>",
         "icefloe.storage.producers",
         "msgpack lease of an idempotent producer on the stream, with its last batches",

@@ -8,13 +8,17 @@ stay for ``retention.ms`` after they were written, as they would in Kafka's acti
 
 The last entry always stays: it carries the log end offset, which must never go back. Kafka's
 defaults apply (7 days, no size limit, ``cleanup.policy=delete``); a compact-only topic keeps
-everything until log compaction exists. A WAL object no entry references any more is collected
-as an orphan.
+everything until log compaction exists. Entries wholly before the log start that DeleteRecords
+set go too, whatever the policy (the records in an entry that straddles it stay stored, and
+unreadable). A WAL object no entry references any more is collected as an orphan.
 
 Rows that reached the tables stay there by default (``icefloe.table.retention=keep``). With
 ``delete``, the expiry is a saga task instead (:class:`TaskKind.EXPIRE`): the expired entries'
 data files leave every table in one commit per format, then the entries leave the index, and
-the files are deleted after the topic's history period.
+the files are deleted after the topic's history period. Records that DeleteRecords put before
+the log start follow the same choice: under ``keep`` the tables keep the rows they have (records
+deleted while still in the WAL may reach them too, if compaction takes them first); under
+``delete`` the files of the entries wholly before the log start leave the tables.
 """
 
 from __future__ import annotations
@@ -31,21 +35,26 @@ from icefloe.topics.registry import Topic
 
 
 def expired_entries(
-    entries: list[IndexEntry], topic: Topic, now_ms: int, storage: StorageOptions
+    entries: list[IndexEntry],
+    topic: Topic,
+    now_ms: int,
+    storage: StorageOptions,
+    log_start: int = 0,
 ) -> list[IndexEntry]:
-    """The leading entries that retention removes (never the last one)."""
+    """The leading entries that retention removes (never the last one): those past
+    ``retention.ms`` or ``retention.bytes`` under ``cleanup.policy=delete``, and, whatever the
+    policy, those wholly before ``log_start``, the log start DeleteRecords set."""
     configs = topic.configs
-    if "delete" not in split_list(effective_value(configs, "cleanup.policy", storage)):
-        return []
+    deleting = "delete" in split_list(effective_value(configs, "cleanup.policy", storage))
     retention_ms = int(effective_value(configs, "retention.ms", storage))
     retention_bytes = int(effective_value(configs, "retention.bytes", storage))
     remaining = sum(e.size for e in entries)
     expired = []
     for entry in entries[:-1]:
         newest = max(entry.max_timestamp, entry.created_ms)
-        too_old = retention_ms >= 0 and newest < now_ms - retention_ms
-        too_big = retention_bytes >= 0 and remaining - entry.size >= retention_bytes
-        if not (too_old or too_big):
+        too_old = deleting and retention_ms >= 0 and newest < now_ms - retention_ms
+        too_big = deleting and retention_bytes >= 0 and remaining - entry.size >= retention_bytes
+        if not (too_old or too_big or entry.end <= log_start):
             break
         expired.append(entry)
         remaining -= entry.size
@@ -57,7 +66,8 @@ async def enforce(storage: StreamStorage, topic: Topic, now_ms: int) -> int:
     removed = 0
     for stream_id in topic.streams:
         entries = await storage.index.scan(stream_id)
-        expired = expired_entries(entries, topic, now_ms, storage.options)
+        log_start = await storage.index.recorded_log_start(stream_id)
+        expired = expired_entries(entries, topic, now_ms, storage.options, log_start)
         removed += await storage.offset_index.expire(stream_id, expired)
     return removed
 
@@ -67,7 +77,8 @@ async def plan_expiry(storage: StreamStorage, topic: Topic, now_ms: int) -> Plan
     streams = []
     for partition, stream_id in enumerate(topic.streams):
         entries = await storage.index.scan(stream_id)
-        expired = expired_entries(entries, topic, now_ms, storage.options)
+        log_start = await storage.index.recorded_log_start(stream_id)
+        expired = expired_entries(entries, topic, now_ms, storage.options, log_start)
         if expired:
             streams.append(StreamPlan(topic.name, partition, stream_id, tuple(expired)))
     if not streams:

@@ -44,7 +44,7 @@ from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.offset_index import OffsetIndex
 from icefloe.storage.orphans import OrphanCollector
 from icefloe.storage.producers import ProducerStates
-from icefloe.storage.reader import ReadResult, StreamReader
+from icefloe.storage.reader import OffsetOutOfRange, ReadResult, StreamReader
 from icefloe.storage.recent import RecentWalObjects
 from icefloe.storage.records import Record, build_batch, decode_batch, recompress
 from icefloe.storage.writer import ValidBatch, WalWriter
@@ -275,6 +275,25 @@ class StreamStorage:
 
     async def log_start(self, stream_id: int) -> int:
         return await self.index.log_start(stream_id)
+
+    async def delete_records(self, stream_id: int, offset: int) -> int:
+        """Move the stream's log start to ``offset`` (-1: the log end), as Kafka's
+        DeleteRecords does: records before it can no longer be read, and retention removes
+        the index entries wholly before it. A log start already later stays where it is.
+
+        Returns:
+            The log start now (Kafka's "low watermark").
+
+        Raises:
+            OffsetOutOfRange: ``offset`` is past the log end, or negative other than -1.
+        """
+        log_end = await self.log_end(stream_id)
+        if offset == -1:
+            offset = log_end
+        if not 0 <= offset <= log_end:
+            raise OffsetOutOfRange(offset, await self.log_start(stream_id), log_end)
+        await self.offset_index.move_log_start(stream_id, offset)
+        return await self.log_start(stream_id)
 
     async def offset_for_timestamp(self, stream_id: int, timestamp_ms: int) -> int | None:
         """The earliest offset whose timestamp is at or after ``timestamp_ms``."""

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Final
 
 from icefloe import metrics
+from icefloe.errors import CorruptDataError
 from icefloe.keyspace import STREAMS
 from icefloe.ports.metadata import EventKind, Follower, MetadataStore, WatchEvent
 from icefloe.storage import index, keys
@@ -72,6 +73,21 @@ class _StreamCache:
         return False
 
 
+def encode_log_start(offset: int) -> bytes:
+    return str(offset).encode()
+
+
+def decode_log_start(value: bytes) -> int:
+    """A stored log start; :class:`CorruptDataError` if the value is not one."""
+    try:
+        offset = int(value)
+    except ValueError as exc:
+        raise CorruptDataError(f"log start {value[:40]!r} is not a decimal offset") from exc
+    if offset < 0:
+        raise CorruptDataError(f"log start {offset} is negative")
+    return offset
+
+
 class IndexReader:
     """Look-ups in every stream's offset index, for one process.
 
@@ -89,6 +105,9 @@ class IndexReader:
         """The highest end offset seen per stream (this process's commits, notifications)."""
         self._starts: dict[int, int] = {}
         """Log starts read from the store, until an entry of the stream is removed."""
+        self._floors: dict[int, int] = {}
+        """Log starts set by DeleteRecords (0 where none is), read from the store, until a
+        notification says the record changed."""
         self._follower: Follower | None = None
 
     async def start(self) -> None:
@@ -159,11 +178,36 @@ class IndexReader:
         return entry
 
     async def log_start(self, stream_id: int) -> int:
-        """The first offset still in the index (0 until retention removes entries)."""
+        """The log start, read from the store: the first offset still in the index (0 until
+        retention removes entries), or the offset DeleteRecords moved it to, if later."""
+        floor = await self.recorded_log_start(stream_id)
         entry = await self.first_entry(stream_id)
         if entry is None:
-            return await self.log_end(stream_id)
-        return entry.start
+            return max(floor, await self.log_end(stream_id))
+        return max(floor, entry.start)
+
+    async def recorded_log_start(self, stream_id: int) -> int:
+        """The log start DeleteRecords set (``streams/<id>/log-start``), read from the store;
+        0 if it never did. Records below it are unreadable even inside an index entry."""
+        record = await self._metadata.get(keys.log_start(stream_id))
+        floor = 0 if record is None else decode_log_start(record.value)
+        self._floors[stream_id] = floor
+        return floor
+
+    async def log_start_floor(self, stream_id: int) -> int:
+        """:meth:`recorded_log_start` as this process last read or wrote it: reads refuse
+        offsets below it without a store round trip. Another process's DeleteRecords shows
+        here one notification later."""
+        floor = self._floors.get(stream_id)
+        if floor is None:
+            floor = await self.recorded_log_start(stream_id)
+        return floor
+
+    def log_start_moved(self, stream_id: int, offset: int) -> None:
+        """This process moved the stream's log start to ``offset`` (its reads see it now)."""
+        if offset > self._floors.get(stream_id, -1):
+            self._floors[stream_id] = offset
+        self._starts.pop(stream_id, None)
 
     def log_end_hint(self, stream_id: int) -> int | None:
         """The log end this process last saw, without asking the store, or ``None``.
@@ -282,7 +326,13 @@ class IndexReader:
             self._cached = 0
             self._ends.clear()
             self._starts.clear()
+            self._floors.clear()
             self._wake_all()
+            return
+        if event.key is not None and keys.is_log_start_key(event.key):
+            stream_id = keys.stream_of_key(event.key)
+            self._floors.pop(stream_id, None)
+            self._starts.pop(stream_id, None)
             return
         if event.key is None or not keys.is_index_key(event.key):
             return

@@ -72,6 +72,20 @@ def is_index_key(key: str) -> bool:
     return key.startswith(STREAMS) and "/index-" in key
 
 
+def log_start(stream_id: int) -> str:
+    """The stream's log start as DeleteRecords moved it (absent until it first does)."""
+    return f"{stream_dir(stream_id)}/log-start"
+
+
+def is_log_start_key(key: str) -> bool:
+    return key.startswith(STREAMS) and key.endswith("/log-start")
+
+
+def stream_of_key(key: str) -> int:
+    """The stream id of any key under ``streams/<id>/``."""
+    return int(key[len(STREAMS) :].partition("/")[0])
+
+
 def producers_prefix(stream_id: int) -> str:
     return f"{stream_dir(stream_id)}/producers/"
 

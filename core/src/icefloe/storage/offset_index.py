@@ -19,6 +19,11 @@ or a compacted Parquet file. Four operations change it, and each keeps these inv
   one, which carries the log end offset (it never goes back).
 - **drop** (deleting a stream): every entry goes; the stream's WAL objects become orphans.
 
+One more record belongs to the index: the stream's **log start** as DeleteRecords sets it
+(``streams/<id>/log-start``, written here too). It only moves forward, by compare-and-set, and
+is never past the log end; readers refuse offsets below it even where an index entry still
+holds them, and retention removes the entries wholly below it (never the last one).
+
 Garbage collection (:mod:`icefloe.storage.orphans`) reads the index but never writes it: a WAL
 object is deleted only when no entry references it (invariant 6).
 """
@@ -31,10 +36,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from icefloe.errors import ConflictError
-from icefloe.ports.metadata import MetadataStore
+from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.storage import index, keys
 from icefloe.storage.index import IndexEntry, Location, ParquetLocation, ProducerBatch
-from icefloe.storage.index_reader import IndexReader
+from icefloe.storage.index_reader import IndexReader, decode_log_start, encode_log_start
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +149,39 @@ class OffsetIndex:
             removed += 1
         return removed
 
+    async def move_log_start(self, stream_id: int, offset: int) -> int:
+        """Raise the stream's log start to ``offset`` (the caller checked it is not past the
+        log end); a log start already there or later stays. Idempotent; one compare-and-set.
+
+        Returns:
+            The log start now recorded.
+        """
+        key = keys.log_start(stream_id)
+        while True:
+            record = await self._metadata.get(key)
+            current = 0 if record is None else decode_log_start(record.value)
+            if offset <= current:
+                self._reader.log_start_moved(stream_id, current)
+                return current
+            try:
+                await self._metadata.put(
+                    key,
+                    encode_log_start(offset),
+                    expected_version=MUST_NOT_EXIST if record is None else record.version,
+                )
+            except ConflictError:
+                continue  # another DeleteRecords moved it meanwhile: compare again
+            self._reader.log_start_moved(stream_id, offset)
+            return offset
+
     def entries(self, stream_id: int) -> AsyncIterator[IndexEntry]:
         """The stream's entries as stored now, in offset order (read from the store)."""
         return self._reader.entries(stream_id)
 
     async def drop(self, stream_id: int) -> None:
-        """Remove every entry of the stream."""
+        """Remove every entry of the stream, and its recorded log start."""
         await self._metadata.delete_range(*keys.index_range(stream_id))
+        await self._metadata.delete(keys.log_start(stream_id))
 
     async def _entries(self, keys_: Sequence[str]) -> list[IndexEntry]:
         """The entries still stored under ``keys_``."""

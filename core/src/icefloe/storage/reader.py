@@ -76,6 +76,13 @@ class StreamReader:
         Raises:
             OffsetOutOfRange: ``offset`` is before the log start or beyond the log end.
         """
+        if offset < await self._index.log_start_floor(stream_id):
+            # Deleted by DeleteRecords, though an index entry may still hold it.
+            raise OffsetOutOfRange(
+                offset,
+                await self._index.log_start(stream_id),
+                await self._index.log_end(stream_id),
+            )
         out = bytearray()
         position = offset
         for _ in range(MAX_ENTRIES_PER_READ):
@@ -200,17 +207,19 @@ class StreamReader:
             raise OffsetOutOfRange(offset, await self._index.log_start(stream_id), log_end)
 
     async def offset_for_timestamp(self, stream_id: int, timestamp: int) -> int | None:
-        """The earliest offset whose record timestamp is ``>= timestamp``, or ``None``.
+        """The earliest offset at or after the log start whose record timestamp is
+        ``>= timestamp``, or ``None``.
 
         Raises:
             LostDataError, CorruptDataError: a stored object the search needs is unreadable.
         """
+        floor = await self._index.recorded_log_start(stream_id)
         for _ in range(MAX_ENTRIES_PER_READ):
-            async for entry in self._index.entries(stream_id):
+            async for entry in self._index.entries(stream_id, after_end=floor):
                 if entry.max_timestamp < timestamp:
                     continue
                 try:
-                    found = await self._offset_for_timestamp_in(entry, timestamp)
+                    found = await self._offset_for_timestamp_in(entry, timestamp, floor)
                 except NotFoundError:
                     await self._check_replaced(entry, entry.start)
                     break  # compaction replaced the entry meanwhile: search again
@@ -220,30 +229,44 @@ class StreamReader:
                 return None
         return None
 
-    async def _offset_for_timestamp_in(self, entry: IndexEntry, timestamp: int) -> int | None:
+    async def _offset_for_timestamp_in(
+        self, entry: IndexEntry, timestamp: int, floor: int
+    ) -> int | None:
         location = entry.location
         if isinstance(location, ParquetLocation):
-            for group in range(len(location.row_groups)):
-                search = functools.partial(_first_at_or_after, timestamp_ms=timestamp)
+            for group, (_, last) in enumerate(location.row_groups):
+                if last < floor:
+                    continue
+                search = functools.partial(
+                    _first_at_or_after, timestamp_ms=timestamp, from_offset=floor
+                )
                 found = await self._from_row_group(location, group, search)
                 if found is not None:
                     return found
             return None
         for ref in entry.batches:
-            if ref.max_timestamp < timestamp:
+            if (
+                ref.max_timestamp < timestamp
+                or entry.start + ref.offset_delta + ref.record_count <= floor
+            ):
                 continue
             data = await self._read_chunk(entry, ref.position, ref.position + ref.length)
             patched = batches.patch_base_offsets(data, entry.start + ref.offset_delta)
             for record in records.decode_batch(patched)[1]:
-                if record.timestamp >= timestamp:
+                if record.timestamp >= timestamp and record.offset >= floor:
                     return record.offset
         return None
 
 
-def _first_at_or_after(table: pa.Table, timestamp_ms: int) -> int | None:
-    """The offset of the first row at or after ``timestamp_ms``, if any."""
+def _first_at_or_after(table: pa.Table, timestamp_ms: int, from_offset: int = 0) -> int | None:
+    """The offset of the first row at or after ``timestamp_ms`` and ``from_offset``, if any."""
     micros = pc.cast(table.column("timestamp"), pa.int64())
-    hits = pc.filter(table.column("offset"), pc.greater_equal(micros, timestamp_ms * 1000))
+    offsets = table.column("offset")
+    wanted = pc.and_(
+        pc.greater_equal(micros, timestamp_ms * 1000),
+        pc.greater_equal(pc.cast(offsets, pa.int64()), from_offset),
+    )
+    hits = pc.filter(offsets, wanted)
     return int(hits[0].as_py()) if len(hits) else None
 
 

@@ -91,7 +91,10 @@ async def _max_timestamp(storage: StreamStorage, stream_id: int) -> tuple[int, i
     timestamp, so the scans read no record data) and the decoding of the one batch that
     holds the record. Fine for an occasional admin query; it is not cached.
     """
-    timestamps = [entry.max_timestamp async for entry in storage.index.entries(stream_id)]
+    log_start = await storage.index.recorded_log_start(stream_id)
+    timestamps = [
+        entry.max_timestamp async for entry in storage.index.entries(stream_id, log_start)
+    ]
     if not timestamps:
         return UNKNOWN, UNKNOWN
     newest = max(timestamps)
