@@ -19,6 +19,8 @@ KAFKA_4_MINIMUMS = {
     **{0: 3, 1: 4, 2: 1, 3: 0, 18: 0, 19: 2, 20: 1, 22: 0, 23: 2, 32: 1, 33: 0, 37: 0},
     # Groups and offsets: KIP-896 removed only OffsetCommit v0-1 and OffsetFetch v0.
     **{8: 2, 9: 1, 10: 0, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0, 16: 0, 42: 0, 47: 0, 68: 0, 69: 0},
+    # Partition admin: DeleteRecords, DescribeLogDirs (v0 removed), DescribeProducers.
+    **{21: 0, 35: 1, 61: 0},
 }
 """Lowest versions Apache Kafka 4.0 still accepts (KIP-896); we must not advertise less."""
 

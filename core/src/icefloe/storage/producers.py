@@ -55,6 +55,21 @@ HANDOFF_WAIT_S: Final = 3.0
 REQUEST_TIMED_OUT (longer than :data:`IDLE_RELEASE_S`, so a producer that moved is served)."""
 
 
+PRODUCER_ID_EXPIRATION_MS: Final = 24 * 3600 * 1000
+"""Kafka's ``producer.id.expiration.ms``: a producer idle this long is no longer described as
+active (its record stays, so a late retry is still recognised)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveProducer:
+    """What DescribeProducers reports of one producer on one stream."""
+
+    producer_id: int
+    epoch: int
+    last_sequence: int
+    """The last sequence number written or accepted (-1 if none is known)."""
+
+
 class ProducerError(KafkaError):
     """A batch the idempotent-producer rules reject (out of order, fenced epoch, …)."""
 
@@ -191,6 +206,34 @@ class ProducerStates:
             del self._leases[key]
         prefix = keys.producers_prefix(stream_id)
         await self._metadata.delete_range(prefix, prefix_end(prefix))
+
+    async def describe(self, stream_id: int, limit: int) -> list[ActiveProducer]:
+        """The stream's idempotent producers active within :data:`PRODUCER_ID_EXPIRATION_MS`,
+        at most ``limit`` of them (the lowest producer ids first), each with its epoch and last
+        sequence: this process's lease where it holds one, else the stored record brought up to
+        date with the index."""
+        prefix = keys.producers_prefix(stream_id)
+        cutoff = time.time() * 1000 - PRODUCER_ID_EXPIRATION_MS
+        found: list[ActiveProducer] = []
+        async for record in self._metadata.scan_all(prefix, prefix_end(prefix)):
+            if len(found) >= limit:
+                break
+            try:
+                producer_id = int(record.key[len(prefix) :])
+            except ValueError:
+                continue
+            lease = self._leases.get((stream_id, producer_id))
+            state = lease.state if lease is not None else None
+            if state is None:
+                stored = ProducerRecord.decode(record.value, record.version)
+                if stored.deadline_ms < cutoff and not self._held(stored):
+                    continue
+                state = await self._load(stream_id, producer_id)
+                if state is None:
+                    continue
+            last = state.batches[-1].last if state.batches else -1
+            found.append(ActiveProducer(producer_id, state.epoch, last))
+        return found
 
     async def close(self) -> None:
         """Stop renewing and release every lease (call once nothing is in flight)."""
