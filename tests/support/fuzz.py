@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import ssl
 import statistics
 import struct
 import time
@@ -178,12 +179,17 @@ async def fuzz(
     window: int = 8,
     bystander_topic: str | None = None,
     bystander_interval_s: float = 0.05,
+    attack_port: int | None = None,
+    attack_tls: ssl.SSLContext | None = None,
 ) -> FuzzReport:
     """Send ``count`` frames over ``connections`` connections while a bystander measures.
 
     Each connection keeps at most ``window`` frames unanswered, so that few frames are lost
-    in the socket behind one that makes the broker close the connection.
+    in the socket behind one that makes the broker close the connection. The bystander uses
+    ``port``; the attackers ``attack_port`` (another listener) if given, over TLS with
+    ``attack_tls``.
     """
+    target = (host, attack_port or port, attack_tls)
     report = FuzzReport()
     remaining = [count]
     stop = asyncio.Event()
@@ -192,7 +198,7 @@ async def fuzz(
     )
     try:
         await asyncio.gather(
-            *(_attacker(host, port, frames, remaining, window, report) for _ in range(connections))
+            *(_attacker(target, frames, remaining, window, report) for _ in range(connections))
         )
     finally:
         stop.set()
@@ -210,15 +216,19 @@ class _Responses:
 
 
 async def _attacker(
-    host: str,
-    port: int,
+    target: tuple[str, int, ssl.SSLContext | None],
     frames: Iterator[bytes],
     remaining: list[int],
     window: int,
     report: FuzzReport,
 ) -> None:
+    host, port, tls = target
     while remaining[0] > 0:
-        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+        except (ConnectionError, ssl.SSLError):
+            report.refused += 1  # the broker hung up during the TLS handshake
+            continue
         responses = _Responses()
         counting = asyncio.create_task(_count_responses(reader, responses))
         sent = 0

@@ -39,16 +39,35 @@ class BrokerInfo:
     zone: str | None
     metrics_port: int | None = None
     """Where ``/metrics`` answers on ``host``, if the broker serves it."""
+    listeners: tuple[tuple[str, str, int], ...] = ()
+    """(listener name, host, port) of every listener, as clients should reach them; the
+    main listener (``host``, ``port``) first."""
 
     def encode(self) -> bytes:
-        fields = [self.node_id, self.host, self.port, self.zone, self.metrics_port]
+        fields = [
+            self.node_id,
+            self.host,
+            self.port,
+            self.zone,
+            self.metrics_port,
+            [list(listener) for listener in self.listeners],
+        ]
         return msgpack.packb(fields)  # type: ignore[no-any-return]
 
     @classmethod
     def decode(cls, value: bytes) -> BrokerInfo:
-        # Records of brokers from before metrics have four fields.
+        # Records of older brokers have fewer fields.
         node_id, host, port, zone, *rest = msgpack.unpackb(value)
-        return cls(node_id, host, port, zone, rest[0] if rest else None)
+        metrics_port = rest[0] if rest else None
+        listeners = tuple((str(n), str(h), int(p)) for n, h, p in rest[1]) if len(rest) > 1 else ()
+        return cls(node_id, host, port, zone, metrics_port, listeners)
+
+    def endpoint(self, listener: str | None) -> tuple[str, int]:
+        """(host, port) of this broker on ``listener``; the main listener's if it has none."""
+        for name, host, port in self.listeners:
+            if name == listener:
+                return host, port
+        return self.host, self.port
 
 
 async def registered_brokers(metadata: MetadataStore) -> list[BrokerInfo]:
@@ -99,6 +118,7 @@ class Cluster:
         zone: str | None,
         node_id: int | None,
         metrics_port: int | None = None,
+        listeners: tuple[tuple[str, str, int], ...] = (),
     ) -> BrokerInfo:
         """Register this broker; ``node_id`` ``None`` allocates one."""
         self.cluster_id = await self._cluster_id()
@@ -107,7 +127,7 @@ class Cluster:
         chosen = (
             node_id if node_id is not None else await counters.increment(self._metadata, "node-id")
         )
-        self.me = BrokerInfo(chosen, host, port, zone, metrics_port)
+        self.me = BrokerInfo(chosen, host, port, zone, metrics_port, listeners)
         try:
             await self._metadata.put(
                 f"{BROKERS}{chosen}",

@@ -27,6 +27,7 @@ GROUP_LEASES: Final = "group-leases/"
 GROUP_ALIVE: Final = "group-alive/"
 GROUP_OFFSETS: Final = "group-offsets/"
 COMPACTION: Final = "compaction/"
+USERS: Final = "users/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,8 @@ KEYSPACE: Final = (
         BROKERS,
         "brokers/<node id>",
         "icefloe.cluster",
-        "msgpack {host, port, zone}; ephemeral: gone when the broker's session ends",
+        "msgpack [node id, host, port, zone, metrics port, {listener: [host, port]}]; "
+        "ephemeral: gone when the broker's session ends",
     ),
     Prefix(
         "CLUSTER",
@@ -179,6 +181,14 @@ KEYSPACE: Final = (
         "icefloe.compaction.committer",
         "msgpack [delete after ms, object keys]: data files a task took out of the tables and "
         "the index, deleted once the grace period is over",
+    ),
+    Prefix(
+        "USERS",
+        USERS,
+        "users/<user name, percent-encoded>/<SCRAM mechanism>",
+        "icefloe.security.users",
+        "msgpack [salt, stored key, server key, iterations]: a SASL user's salted credential "
+        "(never the password)",
     ),
 )
 """Every key family, in the order ``docs/design.md`` shows them."""

@@ -54,6 +54,9 @@ CROSS_ZONE_BYTES: Final = Counter(
     "Bytes exchanged with clients whose zone (client.id zone_id=) differs from the broker's",
     ["direction"],
 )
+AUTHENTICATIONS: Final = Counter(
+    "icefloe_authentications", "SASL logins, by mechanism and result", ["mechanism", "result"]
+)
 CONNECTIONS: Final = Gauge("icefloe_connections", "Kafka client connections open now")
 CONNECTIONS_ACCEPTED: Final = Counter(
     "icefloe_connections_accepted", "Kafka client connections accepted"

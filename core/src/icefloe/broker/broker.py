@@ -10,7 +10,7 @@ from typing import Self
 
 from icefloe.broker.memory import ByteBudget, client_data_bytes
 from icefloe.broker.observability import OperatorEndpoints
-from icefloe.broker.server import KafkaServer
+from icefloe.broker.server import KafkaServer, Listener
 from icefloe.broker.stalls import StallDetector
 from icefloe.cluster import BrokerInfo, Cluster
 from icefloe.compaction.service import Compactor
@@ -18,6 +18,8 @@ from icefloe.config import Config
 from icefloe.config.broker import BrokerOptions
 from icefloe.errors import IcefloeError
 from icefloe.groups.coordinator import GroupCoordinator
+from icefloe.security import tls
+from icefloe.security.users import UserStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
 
@@ -39,6 +41,7 @@ class Broker:
         self.memory = ByteBudget(client_data_bytes(self.options, config.storage))
         """Memory for requests and responses in flight, over every connection."""
         self.server = KafkaServer(self, self.memory)
+        self.users = UserStore(storage.metadata)
         self.stalls = StallDetector()
         self.endpoints: OperatorEndpoints | None = None
         self._stall_watch: asyncio.Task[None] | None = None
@@ -62,19 +65,22 @@ class Broker:
         assert self.cluster.me is not None, "the broker has not started"
         return self.cluster.me
 
-    async def start(self, port: int | None = None, metrics_port: int | None = None) -> BrokerInfo:
+    async def start(
+        self, port: int | None = None, metrics_port: int | None = None, index: int = 0
+    ) -> BrokerInfo:
         """Listen for clients and register in the cluster; return this broker's record.
 
         Args:
-            port: The Kafka port (default: ``[broker] port``; 0 picks a free one).
+            port: The main listener's port (default: ``[broker] port``; 0 picks a free one).
             metrics_port: Serve the operator endpoints (:mod:`.observability`) on this port
                 (0 picks a free one); ``None`` serves none.
+            index: This broker's index among those ``serve`` runs: added to the port of each
+                further listener (``[security] listeners``).
         """
         self._stall_watch = asyncio.create_task(self.stalls.run(), name="stall-detector")
         await self.topics.start()
-        bound = await self.server.start(
-            self.options.host, self.options.port if port is None else port
-        )
+        listeners = await self._listen(self.options.port if port is None else port, index)
+        _, _, bound = listeners[0]
         bound_metrics = None
         if metrics_port is not None:
             self.endpoints = OperatorEndpoints(self)
@@ -82,7 +88,7 @@ class Broker:
             bound_metrics = self.endpoints.start(host, metrics_port)
         advertised = self.options.advertised_host or self.options.host
         info = await self.cluster.join(
-            advertised, bound, self.options.zone, self.options.node_id, bound_metrics
+            advertised, bound, self.options.zone, self.options.node_id, bound_metrics, listeners
         )
         await self.groups.start()
         self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
@@ -93,6 +99,23 @@ class Broker:
             )
         log.info("broker %d listening on %s:%d", info.node_id, advertised, bound)
         return info
+
+    async def _listen(self, port: int, index: int) -> tuple[tuple[str, str, int], ...]:
+        """Open every listener; return (name, advertised host, port) of each, main first."""
+        security = self.config.security
+        advertised_host = self.options.advertised_host or self.options.host
+        context = None
+        listening = []
+        for number, address in enumerate(security.listener_addresses(self.options.host, port)):
+            wanted = address.port if number == 0 or not address.port else address.port + index
+            if address.protocol.tls and context is None:
+                context = tls.server_context(security.tls)
+            listener = Listener(address.protocol, context if address.protocol.tls else None)
+            bound = await self.server.start(address.host, wanted, listener)
+            shown = security.advertised(address.protocol)
+            host = shown.host if shown else (advertised_host if number == 0 else address.host)
+            listening.append((listener.name, host, shown.port + index if shown else bound))
+        return tuple(listening)
 
     async def stop(self) -> None:
         """Stop accepting, commit what is buffered, deregister, release everything."""

@@ -68,7 +68,9 @@ class StartFailed(Exception):
     """A broker could not start; the message is the one line ``serve`` prints."""
 
 
-def run_broker(config: Config, port: int, metrics_port: int | None, report: Connection) -> None:
+def run_broker(
+    config: Config, index: int, port: int, metrics_port: int | None, report: Connection
+) -> None:
     """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
     _return_large_blocks_to_the_system()
@@ -81,7 +83,7 @@ def run_broker(config: Config, port: int, metrics_port: int | None, report: Conn
         broker: Broker | None = None
         try:
             broker = await Broker.open(config)
-            info = await broker.start(port, metrics_port)
+            info = await broker.start(port, metrics_port, index)
         except Exception as exc:  # noqa: BLE001 - every cause becomes one line for the parent
             report.send(("failed", startup_failure(exc, config, port)))
             if broker is not None:
@@ -91,7 +93,9 @@ def run_broker(config: Config, port: int, metrics_port: int | None, report: Conn
         # What exists now (modules, schemas, plugins) lives as long as the process: keep it out
         # of the collector's full passes, which otherwise stall the loop for 100-200 ms each.
         gc.freeze()
-        report.send(("ready", (info.node_id, info.host, info.port, info.metrics_port)))
+        report.send(
+            ("ready", (info.node_id, info.host, info.port, info.metrics_port, info.listeners))
+        )
         try:
             await stop.wait()
         finally:
@@ -169,14 +173,14 @@ def serve(config: Config, brokers: int) -> int:
         _stop_all(children)
         return 0
     host = started[0][1]
-    ports = sorted(p for _, _, p, _ in started)
+    ports = sorted(p for _, _, p, _, _ in started)
     print(
         f"Icefloe is serving Kafka at {host}:{base} "
         f"({brokers} broker{'s' if brokers > 1 else ''} on ports {ports[0]}-{ports[-1]}; "
         f"data in {config.data_dir})",
         flush=True,
     )
-    metrics_ports = [m for _, _, _, m in started if m is not None]
+    metrics_ports = [m for _, _, _, m, _ in started if m is not None]
     if metrics_ports:
         metrics_host = config.metrics.host or host
         print(
@@ -184,6 +188,9 @@ def serve(config: Config, brokers: int) -> int:
             + ", ".join(f"http://{metrics_host}:{m}/metrics" for m in metrics_ports),
             flush=True,
         )
+    further = [f"{n}://{h}:{p}" for *_, listeners in started for n, h, p in listeners[1:]]
+    if further:
+        print(f"Further listeners: {', '.join(further)}", flush=True)
     try:
         while not stopping.wait(_POLL_S):
             for i, child in enumerate(children):
@@ -281,7 +288,7 @@ def _start(config: Config, index: int, port: int) -> _Child:
     reports, report = _SPAWN.Pipe(duplex=False)
     process = _SPAWN.Process(
         target=run_broker,
-        args=(config, port, metrics_port(config, index), report),
+        args=(config, index, port, metrics_port(config, index), report),
         name=f"broker-{index}",
     )
     process.start()

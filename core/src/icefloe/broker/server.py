@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +34,8 @@ from icefloe.broker.apis import SUPPORTED_APIS, Api
 from icefloe.broker.memory import ByteBudget, Held
 from icefloe.broker.protocol import ProtocolError, Request
 from icefloe.cluster import client_zone
+from icefloe.config.security import Protocol
+from icefloe.security.sasl import SaslExchange
 
 if TYPE_CHECKING:
     from icefloe.broker.broker import Broker
@@ -45,9 +49,29 @@ CLOSE_GRACE_S = 5.0
 Handler = Callable[["RequestContext", Any], Awaitable[Any]]
 
 
+TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
+"""A client that has not finished its TLS handshake by then is disconnected."""
 READ_BUFFER_BYTES: Final = 256 << 10
 """The stream limit of a connection: its socket reads pause once twice this is buffered.
 asyncio's 64 KiB default stops and restarts reading several times per produce request."""
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One address the broker listens on, and how clients there must connect."""
+
+    protocol: Protocol
+    ssl: ssl.SSLContext | None = None
+
+    @property
+    def name(self) -> str:
+        return self.protocol.value
+
+
+PLAINTEXT: Final = Listener(Protocol.PLAINTEXT)
+
+_BEFORE_AUTHENTICATION: Final = frozenset({18, 17, 36})
+"""What a SASL listener serves before the login: ApiVersions, SaslHandshake, SaslAuthenticate."""
 
 
 @dataclass
@@ -57,6 +81,16 @@ class Connection:
     peer: str
     budget: ByteBudget
     """Bytes this connection's unanswered requests and unsent responses hold."""
+    listener: str = PLAINTEXT.name
+    """The name of the listener the client connected through."""
+    needs_login: bool = False
+    """Whether requests other than the login's wait for a SASL login (a SASL listener)."""
+    sasl: SaslExchange | None = None
+    """The login in progress, from SaslHandshake on."""
+    principal: str | None = None
+    """Who logged in (SASL), once they have."""
+    doomed: bool = False
+    """Closed once the response being sent is out (a failed login)."""
     ordered: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held by handlers for the part of their work that must follow request order."""
     holds: set[Held] = field(default_factory=set)
@@ -101,27 +135,34 @@ class KafkaServer:
         self._broker = broker
         self._options = broker.options
         self._memory = memory
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
         self._handlers: dict[int, Handler] = {}
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; return the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(
-            self._serve, host, port, reuse_address=True, limit=READ_BUFFER_BYTES
+    async def start(self, host: str, port: int, listener: Listener = PLAINTEXT) -> int:
+        """Listen on one more address; return the bound port (useful with port 0)."""
+        server = await asyncio.start_server(
+            functools.partial(self._serve, listener),
+            host,
+            port,
+            reuse_address=True,
+            limit=READ_BUFFER_BYTES,
+            ssl=listener.ssl,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if listener.ssl else None,
         )
-        bound: int = self._server.sockets[0].getsockname()[1]
+        self._servers.append(server)
+        bound: int = server.sockets[0].getsockname()[1]
         return bound
 
     async def close(self) -> None:
         """Stop accepting, then close every connection."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
     def handler(self, api: Api) -> Handler:
         handler = self._handlers.get(api.key)
@@ -130,18 +171,25 @@ class KafkaServer:
             handler = self._handlers[api.key] = getattr(importlib.import_module(module), name)
         return handler
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
         metrics.CONNECTIONS_ACCEPTED.inc()
         metrics.CONNECTIONS.inc()
         peer = str(writer.get_extra_info("peername"))
-        connection = Connection(peer, ByteBudget(self._options.max_inflight_bytes))
+        connection = Connection(
+            peer,
+            ByteBudget(self._options.max_inflight_bytes),
+            listener.name,
+            needs_login=listener.protocol.sasl,
+        )
         responses: asyncio.Queue[_Pending | None] = asyncio.Queue(
             self._options.max_inflight_requests
         )
-        sender = asyncio.create_task(self._send(writer, responses), name=f"send {peer}")
+        sender = asyncio.create_task(self._send(writer, responses, connection), name=f"send {peer}")
         reading = asyncio.create_task(
             self._read_requests(reader, connection, responses), name=f"read {peer}"
         )
@@ -227,6 +275,9 @@ class KafkaServer:
             if api_key == protocol.API_VERSIONS_KEY:
                 return asyncio.create_task(self._unsupported_api_versions(frame))
             raise ProtocolError(f"unsupported version {api_version} of {api.name}")
+        logged_out = connection.needs_login and connection.principal is None
+        if logged_out and api_key not in _BEFORE_AUTHENTICATION:
+            raise ProtocolError(f"{api.name} before SASL authentication")
         request = protocol.decode_request(frame)
         context = RequestContext(self._broker, connection, request, held)
         if self._cross_zone(request.client_id):
@@ -272,7 +323,10 @@ class KafkaServer:
         return unsupported_version_response(frame)
 
     async def _send(
-        self, writer: asyncio.StreamWriter, responses: asyncio.Queue[_Pending | None]
+        self,
+        writer: asyncio.StreamWriter,
+        responses: asyncio.Queue[_Pending | None],
+        connection: Connection,
     ) -> None:
         while True:
             pending = await responses.get()
@@ -295,6 +349,8 @@ class KafkaServer:
                     await writer.drain()
             finally:
                 pending.held.release()
+            if connection.doomed:
+                return
 
 
 def _count_answer(api: Api, version: int, body: Any, seconds: float) -> None:

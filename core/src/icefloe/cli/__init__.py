@@ -11,6 +11,7 @@ from icefloe.cli.cost import cost
 from icefloe.cli.groups import groups
 from icefloe.cli.tables import compact, maintain, tables
 from icefloe.cli.topics import topics
+from icefloe.cli.users import users
 from icefloe.errors import IcefloeError
 
 
@@ -39,6 +40,7 @@ cli.add_command(tables)
 cli.add_command(topics)
 cli.add_command(groups)
 cli.add_command(cost)
+cli.add_command(users)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,6 +41,7 @@ from icefloe.config.compactor import CompactorOptions
 from icefloe.config.cost import CostPrices
 from icefloe.config.groups import GroupOptions
 from icefloe.config.metrics import MetricsOptions
+from icefloe.config.security import SecurityOptions
 from icefloe.config.storage import StorageOptions
 from icefloe.errors import ConfigError, IcefloeError, PluginError
 from icefloe.plugins import BackendRegistry
@@ -148,6 +149,7 @@ class Config(BaseModel):
     groups: GroupOptions = GroupOptions()
     metrics: MetricsOptions = MetricsOptions()
     cost: CostPrices = CostPrices()
+    security: SecurityOptions = SecurityOptions()
 
     _env_names: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
     """The environment variable behind each key it set, so that errors found later (by
@@ -297,7 +299,7 @@ def _describe(
     if isinstance(value, Mapping):
         return _blame(env_names, loc, f"config section [{key}]: {message}")
     shown = f" (got {value!r})" if value is not None else ""
-    text = f"config key {key}: {message.lower()}{shown}"
+    text = f"config key {key}: {_lower_first(message)}{shown}"
     if _from_env(env_names, loc):
         return _blame(env_names, loc, text)
     return f"{text}; set it in {_where(loc)}"
@@ -327,6 +329,12 @@ def _config_path(data: Mapping[str, Any], loc: list[str]) -> list[str]:
             break
         node = node[part]
     return path
+
+
+def _lower_first(message: str) -> str:
+    """Pydantic's capitalised message as the rest of our sentence; values and names in it keep
+    their case (a listener's protocol, a path)."""
+    return message[:1].lower() + message[1:]
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -475,7 +483,7 @@ def _validate_options(
             raise ConfigError(_blame(env_names, loc, message)) from None
         value = _lookup({kind.value: {name: raw}}, loc)
         shown = f" (got {value!r})" if value is not None else ""
-        message = f"config key {key}: {error['msg'].lower()}{shown}"
+        message = f"config key {key}: {_lower_first(error['msg'])}{shown}"
         if _from_env(env_names, loc) is None:
             message += f"; set it in {_where(loc)}"
         raise ConfigError(_blame(env_names, loc, message)) from None

@@ -49,8 +49,8 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
             make(
                 module.DescribeClusterBroker,
                 broker_id=b.node_id,
-                host=b.host,
-                port=b.port,
+                host=b.endpoint(ctx.connection.listener)[0],
+                port=b.endpoint(ctx.connection.listener)[1],
                 rack=b.zone,
             )
             for b in brokers

@@ -211,7 +211,8 @@ def broker_entries(ctx: RequestContext) -> list[ConfigEntry]:
     broker = ctx.broker
     me = broker.me
     values: dict[str, str | None] = {
-        "advertised.listeners": f"PLAINTEXT://{me.host}:{me.port}",
+        "advertised.listeners": ",".join(f"{n}://{h}:{p}" for n, h, p in me.listeners)
+        or f"PLAINTEXT://{me.host}:{me.port}",
         "auto.create.topics.enable": str(broker.options.auto_create_topics).lower(),
         "broker.id": str(me.node_id),
         "broker.rack": me.zone,

@@ -86,8 +86,8 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
             "error_code": error,
             "error_message": message,
             "node_id": broker.node_id if broker else -1,
-            "host": broker.host if broker else "",
-            "port": broker.port if broker else -1,
+            "host": broker.endpoint(ctx.connection.listener)[0] if broker else "",
+            "port": broker.endpoint(ctx.connection.listener)[1] if broker else -1,
         }
 
     if ctx.api_version >= 4:

@@ -29,8 +29,8 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
             make(
                 module.MetadataResponseBroker,
                 node_id=b.node_id,
-                host=b.host,
-                port=b.port,
+                host=b.endpoint(ctx.connection.listener)[0],
+                port=b.endpoint(ctx.connection.listener)[1],
                 rack=b.zone,
             )
             for b in brokers

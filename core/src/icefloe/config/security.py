@@ -1,0 +1,145 @@
+"""The ``[security]`` configuration section: listeners' protocols, TLS and SASL.
+
+A broker always listens on ``[broker] host:port`` with ``[security] protocol``; ``listeners``
+adds more, each written as Kafka writes them: ``PROTOCOL://host:port``, the protocol one of
+``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` and ``SASL_SSL`` (it also names the listener). A
+client is told the brokers' addresses on the listener it connected through.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Final, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+
+class Protocol(enum.StrEnum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+    @property
+    def tls(self) -> bool:
+        return self in (Protocol.SSL, Protocol.SASL_SSL)
+
+    @property
+    def sasl(self) -> bool:
+        return self in (Protocol.SASL_PLAINTEXT, Protocol.SASL_SSL)
+
+
+MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
+"""The SASL mechanisms Icefloe implements."""
+
+
+class ListenerAddress(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    protocol: Protocol
+    host: str
+    port: int = Field(ge=0, le=65535)
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        """``PROTOCOL://host:port`` (an IPv6 host in brackets)."""
+        name, sep, address = text.partition("://")
+        host, colon, port = address.rpartition(":")
+        valid = ", ".join(p.value for p in Protocol)
+        if not sep or not colon or not port.isdigit():
+            raise ValueError(f"listener {text!r} is not PROTOCOL://host:port (PROTOCOL: {valid})")
+        if name.upper() not in Protocol.__members__:
+            raise ValueError(f"listener {text!r}: unknown protocol {name!r}; use one of {valid}")
+        return cls(protocol=Protocol(name.upper()), host=host.strip("[]"), port=int(port))
+
+    def __str__(self) -> str:
+        return f"{self.protocol.value}://{self.host}:{self.port}"
+
+
+class TlsOptions(BaseModel):
+    """The broker's certificate, and whom it trusts to sign clients' certificates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    certfile: Path | None = None
+    """PEM certificate chain of the broker (the server certificate first)."""
+    keyfile: Path | None = None
+    """PEM private key (default: in ``certfile``)."""
+    key_password: SecretStr | None = None
+    cafile: Path | None = None
+    """PEM certificates of the authorities that sign client certificates (mutual TLS)."""
+    client_auth: Literal["none", "requested", "required"] = "none"
+    """Whether clients must present a certificate signed by ``cafile``."""
+
+    @model_validator(mode="after")
+    def _client_auth_needs_a_ca(self) -> Self:
+        if self.client_auth != "none" and self.cafile is None:
+            raise ValueError(
+                f'client_auth = "{self.client_auth}" needs cafile: the authority that signs '
+                "client certificates"
+            )
+        return self
+
+
+class SecurityOptions(BaseModel):
+    """How clients connect and prove who they are."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    protocol: Protocol = Protocol.PLAINTEXT
+    """Of the main listener, ``[broker] host:port``."""
+    listeners: list[str] = Field(default_factory=list)
+    """More listeners, ``PROTOCOL://host:port`` each, one per protocol; with ``--brokers N``
+    every broker adds its index to each port, as it does to ``[broker] port``."""
+    advertised_listeners: list[str] = Field(default_factory=list)
+    """``PROTOCOL://host:port`` clients are told to use for a listener (default: its own)."""
+    sasl_mechanisms: list[str] = Field(default_factory=lambda: list(MECHANISMS))
+    """Mechanisms offered on SASL listeners; credentials are managed with ``icefloe users``
+    (PLAIN checks a password against the user's stored SCRAM credential)."""
+    failed_authentication_delay_ms: int = Field(default=100, ge=0, le=60_000)
+    """A failed login is answered this late, then its connection closed (slows guessing)."""
+    tls: TlsOptions = TlsOptions()
+
+    @field_validator("listeners", "advertised_listeners")
+    @classmethod
+    def _parse_listeners(cls, values: list[str]) -> list[str]:
+        protocols = [ListenerAddress.parse(v).protocol for v in values]
+        if len(set(protocols)) != len(protocols):
+            raise ValueError("one listener per protocol (its name)")
+        return values
+
+    @field_validator("sasl_mechanisms")
+    @classmethod
+    def _known_mechanisms(cls, values: list[str]) -> list[str]:
+        unknown = [v for v in values if v not in MECHANISMS]
+        if unknown:
+            raise ValueError(f"unknown SASL mechanism {unknown[0]!r}; use {', '.join(MECHANISMS)}")
+        return values
+
+    @model_validator(mode="after")
+    def _tls_needs_a_certificate(self) -> Self:
+        protocols = [self.protocol, *(ListenerAddress.parse(v).protocol for v in self.listeners)]
+        if len(set(protocols)) != len(protocols):
+            raise ValueError(
+                f"[security] listeners repeats the main listener's protocol {self.protocol}"
+            )
+        if any(p.tls for p in protocols) and self.tls.certfile is None:
+            raise ValueError(
+                "a TLS listener (SSL or SASL_SSL) needs [security.tls] certfile (and keyfile)"
+            )
+        return self
+
+    def listener_addresses(self, host: str, port: int) -> list[ListenerAddress]:
+        """Every listener: the main one on ``host:port``, then ``listeners``."""
+        return [
+            ListenerAddress(protocol=self.protocol, host=host, port=port),
+            *(ListenerAddress.parse(v) for v in self.listeners),
+        ]
+
+    def advertised(self, protocol: Protocol) -> ListenerAddress | None:
+        for text in self.advertised_listeners:
+            address = ListenerAddress.parse(text)
+            if address.protocol is protocol:
+                return address
+        return None

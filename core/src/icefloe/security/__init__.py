@@ -1,0 +1,1 @@
+"""Who may connect: SASL users and their credentials, and the SASL exchanges that check them."""
