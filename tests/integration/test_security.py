@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import ssl
 import struct
@@ -297,3 +298,85 @@ def test_unacceptable_credentials_are_refused_with_kafkas_error(secured: Secured
     with pytest.raises(KafkaException, match="at least 12 bytes"):
         future.result(30)
     assert "carol" not in icefloe_users(secured.icefloe.data_dir, "list").stdout
+
+
+# --- the Java client, through Kafka 4.1's own tools -------------------------------------------
+
+
+def java_tool(main_class: str, *args: str) -> subprocess.CompletedProcess[str]:
+    from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG
+
+    java = shutil.which("java")
+    if java is None or not (LIB / ".complete").exists():
+        pytest.fail("Java or Kafka's jars are missing: run scripts/install-servers")
+    return subprocess.run(
+        [
+            java,
+            "-Xmx256m",
+            "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp",
+            f"{LIB}/*",
+            main_class,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def java_client_config(secured: Secured, mechanism: str, password: str, path: Path) -> Path:
+    module = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule"
+        if mechanism == "PLAIN"
+        else "org.apache.kafka.common.security.scram.ScramLoginModule"
+    )
+    path.write_text(
+        "security.protocol=SASL_SSL\n"
+        f"sasl.mechanism={mechanism}\n"
+        f'sasl.jaas.config={module} required username="alice" password="{password}";\n'
+        "ssl.truststore.type=PEM\n"
+        f"ssl.truststore.location={secured.ca}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
+def test_the_java_client_produces_over_tls_with_each_mechanism(
+    secured: Secured, mechanism: str, tmp_path: Path
+) -> None:
+    config = java_client_config(secured, mechanism, PASSWORD, tmp_path / "client.properties")
+    done = java_tool(
+        "org.apache.kafka.tools.ProducerPerformance",
+        *("--topic", "secure", "--num-records", "200", "--record-size", "100"),
+        *("--throughput", "-1", "--producer.config", str(config)),
+        *("--producer-props", f"bootstrap.servers={secured.address('SASL_SSL')}"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "200 records sent" in done.stdout
+
+
+def test_the_java_client_is_refused_with_a_wrong_password(secured: Secured, tmp_path: Path) -> None:
+    config = java_client_config(secured, "SCRAM-SHA-256", "wrong", tmp_path / "client.properties")
+    done = java_tool(
+        "org.apache.kafka.tools.TopicCommand",
+        *("--bootstrap-server", secured.address("SASL_SSL"), "--command-config", str(config)),
+        "--list",
+    )
+    assert done.returncode != 0
+    assert "SaslAuthenticationException" in done.stdout + done.stderr
+    assert "invalid credentials" in done.stdout + done.stderr
+
+
+def test_kafka_configs_adds_a_user_who_can_then_log_in(secured: Secured) -> None:
+    done = java_tool(
+        "kafka.admin.ConfigCommand",
+        *("--bootstrap-server", secured.icefloe.bootstrap, "--alter"),
+        *("--entity-type", "users", "--entity-name", "dave"),
+        *("--add-config", "SCRAM-SHA-512=[iterations=8192,password=daves-secret]"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = confluent_config(secured, "SASL_SSL", "SCRAM-SHA-512", "daves-secret")
+    config["sasl.username"] = "dave"
+    AdminClient(config).list_topics(timeout=10)
