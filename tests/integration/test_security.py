@@ -13,6 +13,7 @@ import ssl
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,3 +381,61 @@ def test_kafka_configs_adds_a_user_who_can_then_log_in(secured: Secured) -> None
     config = confluent_config(secured, "SASL_SSL", "SCRAM-SHA-512", "daves-secret")
     config["sasl.username"] = "dave"
     AdminClient(config).list_topics(timeout=10)
+
+
+# --- re-authentication (KIP-368) -------------------------------------------------------------
+
+
+def test_logins_are_renewed_and_a_deleted_user_is_cut_off(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    added = icefloe_users(data, "add", "erin", "--password-stdin", password=PASSWORD)
+    assert added.returncode == 0, added.stderr
+    port = free_port()
+    running = start_icefloe(
+        data,
+        env={
+            "ICEFLOE_SECURITY__LISTENERS": f'["SASL_PLAINTEXT://127.0.0.1:{port}"]',
+            "ICEFLOE_SECURITY__CONNECTIONS_MAX_REAUTH_MS": "1500",
+        },
+    )
+    try:
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        admin.create_topics([NewTopic("renewed", 1)])["renewed"].result(30)
+        errors: list[KafkaError] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": f"127.0.0.1:{port}",
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanisms": "SCRAM-SHA-256",
+                "sasl.username": "erin",
+                "sasl.password": PASSWORD,
+                "error_cb": errors.append,
+            }
+        )
+        # Six seconds on one connection: the login is renewed several times, unnoticed.
+        for i in range(12):
+            producer.produce("renewed", b"%d" % i)
+            assert producer.flush(10) == 0
+            time.sleep(0.5)
+        assert errors == []
+        renewals = logins_per_connection(running, "erin")
+        assert max(renewals.values()) >= 3, f"logins per connection in 6 s: {renewals}"
+
+        deleted = icefloe_users(data, "delete", "erin")
+        assert deleted.returncode == 0, deleted.stderr
+        deadline = time.monotonic() + 15
+        while not any(e.code() == KafkaError._AUTHENTICATION for e in errors):
+            assert time.monotonic() < deadline, "a deleted user stayed connected"
+            producer.poll(0.5)
+    finally:
+        running.stop()
+
+
+def logins_per_connection(running: RunningIcefloe, user: str) -> dict[str, int]:
+    """How often each connection (by the peer address the broker logs) logged in as ``user``."""
+    counts: dict[str, int] = {}
+    for line in running.log_path.read_text().splitlines():
+        peer, found, _ = line.partition(f" logged in as {user} ")
+        if found:
+            counts[peer.rsplit("] ", 1)[-1]] = counts.get(peer.rsplit("] ", 1)[-1], 0) + 1
+    return counts

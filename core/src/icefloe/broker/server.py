@@ -89,6 +89,8 @@ class Connection:
     """The login in progress, from SaslHandshake on."""
     principal: str | None = None
     """Who logged in (SASL), once they have."""
+    login_expires: float | None = None
+    """When the login must have been renewed (``time.monotonic()``; KIP-368), if ever."""
     doomed: bool = False
     """Closed once the response being sent is out (a failed login)."""
     ordered: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -275,9 +277,12 @@ class KafkaServer:
             if api_key == protocol.API_VERSIONS_KEY:
                 return asyncio.create_task(self._unsupported_api_versions(frame))
             raise ProtocolError(f"unsupported version {api_version} of {api.name}")
-        logged_out = connection.needs_login and connection.principal is None
-        if logged_out and api_key not in _BEFORE_AUTHENTICATION:
-            raise ProtocolError(f"{api.name} before SASL authentication")
+        if connection.needs_login and api_key not in _BEFORE_AUTHENTICATION:
+            if connection.principal is None:
+                raise ProtocolError(f"{api.name} before SASL authentication")
+            expires = connection.login_expires
+            if expires is not None and time.monotonic() > expires:
+                raise ProtocolError(f"{api.name} after the login expired, without a new one")
         request = protocol.decode_request(frame)
         context = RequestContext(self._broker, connection, request, held)
         if self._cross_zone(request.client_id):

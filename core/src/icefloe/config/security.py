@@ -97,6 +97,11 @@ class SecurityOptions(BaseModel):
     sasl_mechanisms: list[str] = Field(default_factory=lambda: list(MECHANISMS))
     """Mechanisms offered on SASL listeners; credentials are managed with ``icefloe users``
     (PLAIN checks a password against the user's stored SCRAM credential)."""
+    connections_max_reauth_ms: int = Field(default=0, ge=0)
+    """Kafka's ``connections.max.reauth.ms`` (KIP-368): a login holds this long, after which a
+    client must log in again on its connection (clients do it by themselves) or be
+    disconnected; so a deleted user or a changed password takes effect on open connections
+    too. 0 (the default): a login holds for the connection's life."""
     failed_authentication_delay_ms: int = Field(default=100, ge=0, le=60_000)
     """A failed login is answered this late, then its connection closed (slows guessing)."""
     tls: TlsOptions = TlsOptions()

@@ -5,6 +5,10 @@ SaslHandshake picks the mechanism; SaslAuthenticate carries each message of the 
 connection but ApiVersions. A failed login is answered SASL_AUTHENTICATION_FAILED after
 ``[security] failed_authentication_delay_ms``, logged without any secret, and its connection
 closed once the answer is out, as Kafka does.
+
+With ``[security] connections_max_reauth_ms`` set, a login holds that long (KIP-368): the answer
+tells the client, which logs in again on the same connection, with the same mechanism and user,
+before the time is up; the server closes a connection whose login expired.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from typing import Any, Final
+import time
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -24,19 +29,26 @@ from icefloe.security.sasl import AuthenticationFailed, SaslExchange
 
 log = logging.getLogger(__name__)
 
-_NO_REAUTHENTICATION: Final = datetime.timedelta(0)
-"""Session lifetime 0: the client is not asked to log in again (KIP-368 not in force)."""
 
 
 async def handle_sasl_handshake(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     connection = ctx.connection
     offered = tuple(ctx.broker.config.security.sasl_mechanisms)
-    if not connection.needs_login or connection.sasl is not None:
-        # Not a SASL listener, or a second handshake: Kafka closes such connections.
+    previous = connection.sasl
+    renewing = previous is not None and previous.done and connection.login_expires is not None
+    if not connection.needs_login or (previous is not None and not renewing):
+        # Not a SASL listener, or a handshake in the middle of a login: Kafka closes.
         connection.doomed = True
         return make(
             module.SaslHandshakeResponse, error_code=ErrorCode.illegal_sasl_state, mechanisms=()
+        )
+    if renewing and previous is not None and request.mechanism != previous.mechanism:
+        connection.doomed = True  # KIP-368: a login is renewed with the same mechanism
+        return make(
+            module.SaslHandshakeResponse,
+            error_code=ErrorCode.unsupported_sasl_mechanism,
+            mechanisms=(previous.mechanism,),
         )
     if request.mechanism not in offered:
         return make(
@@ -67,11 +79,18 @@ async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Any:
         log.warning("login of %s could not be checked: %s", connection.peer, exc)
         connection.doomed = True
         return _answer(module, ErrorCode.sasl_authentication_failed, "try again later")
+    lifetime = datetime.timedelta(0)
     if exchange.principal is not None:  # the exchange is complete
+        if connection.principal not in (None, exchange.principal):
+            return await _refuse(ctx, module, exchange, "a renewed login may not change the user")
         connection.principal = exchange.principal
+        reauth_ms = ctx.broker.config.security.connections_max_reauth_ms
+        if reauth_ms:
+            lifetime = datetime.timedelta(milliseconds=reauth_ms)
+            connection.login_expires = time.monotonic() + reauth_ms / 1000
         metrics.AUTHENTICATIONS.labels(exchange.mechanism, "success").inc()
         log.info("%s logged in as %s (%s)", connection.peer, exchange.principal, exchange.mechanism)
-    return _answer(module, ErrorCode.none, None, answer)
+    return _answer(module, ErrorCode.none, None, answer, lifetime)
 
 
 async def _refuse(ctx: RequestContext, module: Any, exchange: SaslExchange, why: str) -> Any:
@@ -84,11 +103,18 @@ async def _refuse(ctx: RequestContext, module: Any, exchange: SaslExchange, why:
     return _answer(module, ErrorCode.sasl_authentication_failed, why)
 
 
-def _answer(module: Any, error: ErrorCode, message: str | None, auth_bytes: bytes = b"") -> Any:
+def _answer(
+    module: Any,
+    error: ErrorCode,
+    message: str | None,
+    auth_bytes: bytes = b"",
+    lifetime: datetime.timedelta = datetime.timedelta(0),
+) -> Any:
+    """A SaslAuthenticate answer; ``lifetime`` 0 tells the client its login never expires."""
     return make(
         module.SaslAuthenticateResponse,
         error_code=error,
         error_message=message,
         auth_bytes=auth_bytes,
-        session_lifetime=_NO_REAUTHENTICATION,
+        session_lifetime=lifetime,
     )
