@@ -3,6 +3,7 @@ embedded metadata store; and the [security] section's checks."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -94,3 +95,19 @@ def test_listeners_are_written_as_kafka_writes_them() -> None:
 def test_a_listener_that_cannot_work_is_refused_at_start(listeners: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_config(env={"ICEFLOE_SECURITY__LISTENERS": listeners})
+
+
+def test_oauthbearer_needs_the_identity_providers_keys() -> None:
+    with pytest.raises(ConfigError, match=r"set \[security.oauthbearer\] jwks_url or jwks_file"):
+        load_config(env={"ICEFLOE_SECURITY__SASL_MECHANISMS": '["OAUTHBEARER"]'})
+
+
+def test_oauthbearer_without_pyjwt_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from icefloe.config.security import OAuthBearerOptions
+    from icefloe.security.oauthbearer import TokenValidator
+
+    monkeypatch.setitem(sys.modules, "jwt", None)  # as if PyJWT were not installed
+    with pytest.raises(ConfigError, match=r"pip install 'icefloe\[oauth\]'"):
+        TokenValidator(OAuthBearerOptions(jwks_url="http://127.0.0.1:1/jwks.json"))

@@ -19,6 +19,7 @@ from icefloe.config.broker import BrokerOptions
 from icefloe.errors import IcefloeError
 from icefloe.groups.coordinator import GroupCoordinator
 from icefloe.security import tls
+from icefloe.security.oauthbearer import TokenValidator
 from icefloe.security.users import UserStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
@@ -42,6 +43,13 @@ class Broker:
         """Memory for requests and responses in flight, over every connection."""
         self.server = KafkaServer(self, self.memory)
         self.users = UserStore(storage.metadata)
+        security = config.security
+        self.tokens = (
+            TokenValidator(security.oauthbearer)
+            if "OAUTHBEARER" in security.sasl_mechanisms
+            else None
+        )
+        """Checks OAUTHBEARER tokens, where they are offered."""
         self.stalls = StallDetector()
         self.endpoints: OperatorEndpoints | None = None
         self._stall_watch: asyncio.Task[None] | None = None

@@ -30,8 +30,10 @@ class Protocol(enum.StrEnum):
         return self in (Protocol.SASL_PLAINTEXT, Protocol.SASL_SSL)
 
 
-MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
+MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "OAUTHBEARER")
 """The SASL mechanisms Icefloe implements."""
+PASSWORD_MECHANISMS: Final = MECHANISMS[:3]
+"""Those offered by default: OAUTHBEARER needs an identity provider ([security.oauthbearer])."""
 
 
 class ListenerAddress(BaseModel):
@@ -82,6 +84,36 @@ class TlsOptions(BaseModel):
         return self
 
 
+class OAuthBearerOptions(BaseModel):
+    """How OAUTHBEARER tokens (JWTs) are checked: signature, expiry, audience, issuer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    jwks_url: str | None = None
+    """The identity provider's JSON Web Key Set, fetched and cached (``jwks_refresh_s``)."""
+    jwks_file: Path | None = None
+    """Or the key set from a file, read once at start."""
+    jwks_refresh_s: float = Field(default=300.0, gt=0)
+    audience: list[str] = Field(default_factory=list)
+    """Tokens must name one of these in ``aud`` (Kafka's ``sasl.oauthbearer.expected.audience``);
+    empty: not checked."""
+    issuer: str | None = None
+    """Tokens must have this ``iss`` (``sasl.oauthbearer.expected.issuer``)."""
+    sub_claim: str = "sub"
+    """The claim that names the user (``sasl.oauthbearer.sub.claim.name``)."""
+    clock_skew_s: int = Field(default=30, ge=0, le=3600)
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> Self:
+        if self.jwks_url is not None and self.jwks_file is not None:
+            raise ValueError("set jwks_url or jwks_file, not both")
+        return self
+
+    @property
+    def configured(self) -> bool:
+        return self.jwks_url is not None or self.jwks_file is not None
+
+
 class SecurityOptions(BaseModel):
     """How clients connect and prove who they are."""
 
@@ -94,7 +126,7 @@ class SecurityOptions(BaseModel):
     every broker adds its index to each port, as it does to ``[broker] port``."""
     advertised_listeners: list[str] = Field(default_factory=list)
     """``PROTOCOL://host:port`` clients are told to use for a listener (default: its own)."""
-    sasl_mechanisms: list[str] = Field(default_factory=lambda: list(MECHANISMS))
+    sasl_mechanisms: list[str] = Field(default_factory=lambda: list(PASSWORD_MECHANISMS))
     """Mechanisms offered on SASL listeners; credentials are managed with ``icefloe users``
     (PLAIN checks a password against the user's stored SCRAM credential)."""
     connections_max_reauth_ms: int = Field(default=0, ge=0)
@@ -105,6 +137,7 @@ class SecurityOptions(BaseModel):
     failed_authentication_delay_ms: int = Field(default=100, ge=0, le=60_000)
     """A failed login is answered this late, then its connection closed (slows guessing)."""
     tls: TlsOptions = TlsOptions()
+    oauthbearer: OAuthBearerOptions = OAuthBearerOptions()
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod
@@ -128,6 +161,11 @@ class SecurityOptions(BaseModel):
         if len(set(protocols)) != len(protocols):
             raise ValueError(
                 f"[security] listeners repeats the main listener's protocol {self.protocol}"
+            )
+        if "OAUTHBEARER" in self.sasl_mechanisms and not self.oauthbearer.configured:
+            raise ValueError(
+                "OAUTHBEARER needs the identity provider's keys: set [security.oauthbearer] "
+                "jwks_url or jwks_file"
             )
         if any(p.tls for p in protocols) and self.tls.certfile is None:
             raise ValueError(

@@ -1,4 +1,5 @@
-"""The server side of one SASL exchange: PLAIN, or SCRAM-SHA-256/512 through ``scramp``.
+"""The server side of one SASL exchange: PLAIN, SCRAM-SHA-256/512 through ``scramp``, or
+OAUTHBEARER (:mod:`.oauthbearer`).
 
 Kafka carries SASL in SaslHandshake (the mechanism) then SaslAuthenticate requests (its
 bytes). An exchange is created by the handshake and fed each SaslAuthenticate's bytes by
@@ -16,6 +17,7 @@ from typing import Any, Final
 from scramp import ScramException, ScramMechanism  # type: ignore[import-untyped]
 
 from icefloe.errors import IcefloeError
+from icefloe.security.oauthbearer import InvalidToken, TokenValidator
 from icefloe.security.users import ScramCredential, UserStore
 
 MAX_AUTH_BYTES: Final = 16 << 10
@@ -35,13 +37,18 @@ class _Stage(enum.Enum):
 class SaslExchange:
     """One connection's login with one mechanism."""
 
-    def __init__(self, mechanism: str, users: UserStore) -> None:
+    def __init__(
+        self, mechanism: str, users: UserStore, tokens: TokenValidator | None = None
+    ) -> None:
         self.mechanism = mechanism
         self.principal: str | None = None
         """The user, once the exchange succeeded."""
+        self.expires_at: float | None = None
+        """When the credential itself expires (an OAUTHBEARER token), seconds since the epoch."""
         self._users = users
+        self._tokens = tokens
         self._stage = _Stage.FIRST
-        self._scram = None if mechanism == "PLAIN" else ScramMechanism(mechanism)
+        self._scram = ScramMechanism(mechanism) if mechanism.startswith("SCRAM-") else None
         self._server: Any = None
         """scramp's server of a SCRAM exchange (scramp does not export its type)."""
         self._user = ""
@@ -64,6 +71,8 @@ class SaslExchange:
             text = auth_bytes.decode()
         except UnicodeDecodeError:
             raise AuthenticationFailed("SASL message is not UTF-8") from None
+        if self.mechanism == "OAUTHBEARER":
+            return await self._oauthbearer(text)
         if self._scram is None:
             return await self._plain(text)
         if self._stage is _Stage.FIRST:
@@ -82,6 +91,27 @@ class SaslExchange:
             if await asyncio.to_thread(credential.matches, password):
                 return self._succeed(user, b"")
         raise self._invalid()
+
+    async def _oauthbearer(self, text: str) -> bytes:
+        if self._tokens is None:
+            raise AuthenticationFailed("OAUTHBEARER is not configured on this broker")
+        gs2, *pairs = text.split("\x01")
+        bearer = next((p[5:] for p in pairs if p.startswith("auth=")), "")
+        scheme, _, token = bearer.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise AuthenticationFailed("OAUTHBEARER message without auth=Bearer <token>")
+        try:
+            identity = await self._tokens.validate(token.strip())
+        except InvalidToken as exc:
+            self._stage = _Stage.DONE
+            raise AuthenticationFailed(str(exc)) from None
+        authzid = next((f[2:] for f in gs2.split(",") if f.startswith("a=")), "")
+        if authzid and authzid != identity.principal:
+            raise AuthenticationFailed(
+                "OAUTHBEARER: authorization id differs from the token's user"
+            )
+        self.expires_at = identity.expires_at
+        return self._succeed(identity.principal, b"")
 
     async def _scram_first(self, text: str) -> bytes:
         assert self._scram is not None

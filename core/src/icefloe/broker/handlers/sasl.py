@@ -30,7 +30,6 @@ from icefloe.security.sasl import AuthenticationFailed, SaslExchange
 log = logging.getLogger(__name__)
 
 
-
 async def handle_sasl_handshake(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     connection = ctx.connection
@@ -56,7 +55,7 @@ async def handle_sasl_handshake(ctx: RequestContext, request: Any) -> Any:
             error_code=ErrorCode.unsupported_sasl_mechanism,
             mechanisms=offered,
         )
-    connection.sasl = SaslExchange(request.mechanism, ctx.broker.users)
+    connection.sasl = SaslExchange(request.mechanism, ctx.broker.users, ctx.broker.tokens)
     return make(module.SaslHandshakeResponse, error_code=ErrorCode.none, mechanisms=offered)
 
 
@@ -86,8 +85,12 @@ async def handle_sasl_authenticate(ctx: RequestContext, request: Any) -> Any:
         connection.principal = exchange.principal
         reauth_ms = ctx.broker.config.security.connections_max_reauth_ms
         if reauth_ms:
-            lifetime = datetime.timedelta(milliseconds=reauth_ms)
-            connection.login_expires = time.monotonic() + reauth_ms / 1000
+            # As Kafka: the login holds until the earlier of the limit and the token's expiry.
+            seconds = reauth_ms / 1000
+            if exchange.expires_at is not None:
+                seconds = max(0.0, min(seconds, exchange.expires_at - time.time()))
+            lifetime = datetime.timedelta(seconds=seconds)
+            connection.login_expires = time.monotonic() + seconds
         metrics.AUTHENTICATIONS.labels(exchange.mechanism, "success").inc()
         log.info("%s logged in as %s (%s)", connection.peer, exchange.principal, exchange.mechanism)
     return _answer(module, ErrorCode.none, None, answer, lifetime)
