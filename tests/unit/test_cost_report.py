@@ -83,9 +83,9 @@ def test_render_without_ingest_says_so() -> None:
 
 
 def test_stored_bytes_are_split_into_wal_parquet_and_the_rest() -> None:
-    stored = Stored.of(
-        [("wal/1", 10), ("tables/t/data/p.parquet", 7), ("tables/t/_delta_log/0.json", 2)], "wal/"
-    )
+    stored = Stored()
+    for key, size in [("wal/1", 10), ("tables/t/p.parquet", 7), ("tables/t/_delta_log/0.json", 2)]:
+        stored = stored.plus(key, size, "wal/")
     assert stored == Stored(10, 7, 2)
 
 

@@ -160,5 +160,7 @@ def _scrape(url: str) -> str | Exception:
 
 async def _stored(config: Config, storage: StreamStorage) -> Stored:
     wal_prefix = str(config.wal.options_for(config.wal.backend or "").get("prefix", "wal")) + "/"
-    objects = [(info.key, info.size) async for info in storage.object_store.list()]
-    return Stored.of(objects, wal_prefix)
+    stored = Stored()
+    async for info in storage.object_store.list():  # one object at a time: any bucket size
+        stored = stored.plus(info.key, info.size, wal_prefix)
+    return stored

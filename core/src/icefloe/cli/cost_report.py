@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -99,17 +99,13 @@ class Stored:
     other_bytes: int = 0
     """Table metadata and logs, and anything else."""
 
-    @classmethod
-    def of(cls, objects: Iterable[tuple[str, int]], wal_prefix: str) -> Stored:
-        wal = parquet = other = 0
-        for key, size in objects:
-            if key.startswith(wal_prefix):
-                wal += size
-            elif key.endswith(".parquet"):
-                parquet += size
-            else:
-                other += size
-        return cls(wal, parquet, other)
+    def plus(self, key: str, size: int, wal_prefix: str) -> Stored:
+        """These bytes and one more object's."""
+        if key.startswith(wal_prefix):
+            return dataclasses.replace(self, wal_bytes=self.wal_bytes + size)
+        if key.endswith(".parquet"):
+            return dataclasses.replace(self, parquet_bytes=self.parquet_bytes + size)
+        return dataclasses.replace(self, other_bytes=self.other_bytes + size)
 
 
 @dataclass(frozen=True)
