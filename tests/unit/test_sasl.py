@@ -77,19 +77,28 @@ async def test_an_oversized_message_is_refused_unread(users: UserStore) -> None:
 
 
 def test_listeners_are_written_as_kafka_writes_them() -> None:
-    config = load_config(env={"ICEFLOE_SECURITY__LISTENERS": '["SASL_PLAINTEXT://0.0.0.0:9093"]'})
+    config = load_config(
+        env={
+            "ICEFLOE_SECURITY__LISTENERS": '["SASL_PLAINTEXT://0.0.0.0:9093"]',
+            "ICEFLOE_SECURITY__ADVERTISED_LISTENERS": '["SASL_PLAINTEXT://kafka.example:9093"]',
+        }
+    )
     [main, extra] = config.security.listener_addresses("127.0.0.1", 9092)
     assert (main.protocol.value, main.port) == ("PLAINTEXT", 9092)
     assert (extra.protocol.value, extra.host, extra.port) == ("SASL_PLAINTEXT", "0.0.0.0", 9093)
+    advertised = config.security.advertised(extra.protocol)
+    assert advertised is not None
+    assert advertised.host == "kafka.example"
 
 
 @pytest.mark.parametrize(
     ("listeners", "message"),
     [
-        ('["SASL_SSL://0.0.0.0:9093"]', "needs [security.tls] certfile"),
+        ('["SASL_SSL://127.0.0.1:9093"]', "needs [security.tls] certfile"),
         ('["HTTP://0.0.0.0:9093"]', "unknown protocol"),
         ('["SASL_PLAINTEXT:9093"]', "is not PROTOCOL://host:port"),
-        ('["PLAINTEXT://0.0.0.0:9093"]', "repeats the main listener's protocol"),
+        ('["PLAINTEXT://127.0.0.1:9093"]', "repeats the main listener's protocol"),
+        ('["SASL_PLAINTEXT://0.0.0.0:9093"]', "name the one clients should use"),
     ],
 )
 def test_a_listener_that_cannot_work_is_refused_at_start(listeners: str, message: str) -> None:

@@ -156,7 +156,15 @@ class SecurityOptions(BaseModel):
         return values
 
     @model_validator(mode="after")
-    def _tls_needs_a_certificate(self) -> Self:
+    def _listeners_can_work(self) -> Self:
+        for text in self.listeners:
+            address = ListenerAddress.parse(text)
+            if address.host in ("", "0.0.0.0", "::") and self.advertised(address.protocol) is None:
+                raise ValueError(
+                    f"listener {text} listens on every address: name the one clients should use "
+                    f'in advertised_listeners (e.g. "{address.protocol}://broker.example.com:'
+                    f'{address.port}")'
+                )
         protocols = [self.protocol, *(ListenerAddress.parse(v).protocol for v in self.listeners)]
         if len(set(protocols)) != len(protocols):
             raise ValueError(
