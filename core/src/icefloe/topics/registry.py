@@ -34,6 +34,7 @@ from icefloe.table_names import (
     TableName,
     topic_table_name,
 )
+from icefloe.topics import internal
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +168,10 @@ class TopicRegistry:
         topic = self._topics.get(name)
         if topic is not None:
             return topic
-        if not is_legal_topic_name(name):
-            return None  # no topic has it, and it may not even make a valid store key
+        if not is_legal_topic_name(name) or internal.is_internal(name):
+            # No stored topic has it (the internal topic is virtual), and it may not even
+            # make a valid store key.
+            return None
         record = await self._metadata.get(TOPICS + name)
         if record is None:
             return None
@@ -196,6 +199,9 @@ class TopicRegistry:
             TopicError: invalid name or partition count, or the topic exists.
         """
         validate_topic_name(name)
+        refused = internal.creation_refused(name)
+        if refused is not None:
+            raise TopicError(*refused)
         _check_partition_count(partitions)
         if await self.get(name) is not None:
             raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
@@ -223,8 +229,11 @@ class TopicRegistry:
         (:meth:`deleted`), so that a topic created again under the name starts with new ones.
 
         Raises:
-            TopicError: ``unknown_topic_or_partition``.
+            TopicError: ``unknown_topic_or_partition``; ``invalid_request`` for the internal
+                topic.
         """
+        if internal.is_internal(name):
+            raise TopicError(*internal.deletion_refused())
         topic = await self._require(name)
         # Remembered first: a crash after the record is gone must not leave its tables behind.
         deleted = DeletedTopic(topic, int(time.time() * 1000))
@@ -344,6 +353,8 @@ class TopicRegistry:
         return topic
 
     def _remember(self, topic: Topic) -> None:
+        if internal.is_internal(topic.name):
+            return  # a record left by an older version: the virtual topic stands in its place
         old = self._topics.get(topic.name)
         if old is not None and old.version > topic.version:
             return

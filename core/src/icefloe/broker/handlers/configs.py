@@ -22,6 +22,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import KafkaError
 from icefloe.topics import configs as topic_configs
+from icefloe.topics import internal
 from icefloe.topics.configs import (
     AlterOp,
     ConfigEntry,
@@ -98,6 +99,8 @@ async def _describe_resource(
 
 async def _entries(ctx: RequestContext, resource_type: int, name: str) -> list[ConfigEntry]:
     if _resource_type(resource_type) is ResourceType.TOPIC:
+        if internal.is_internal(name):
+            return topic_configs.describe(internal.CONFIGS, ctx.broker.config.storage)
         topic = await _topic(ctx, name)
         return topic_configs.describe(topic.configs, ctx.broker.config.storage)
     if name == "":
@@ -294,6 +297,8 @@ async def _alter(
         if _resource_type(resource.resource_type) is ResourceType.BROKER:
             _refuse_broker_change(resource.configs)
             return ErrorCode.none, None
+        if internal.is_internal(resource.resource_name):
+            raise _Refused(*internal.change_refused("configs"))
         topic = await _topic(ctx, resource.resource_name)
         configs = change(resource)(topic.configs)
         if not validate_only:

@@ -35,6 +35,7 @@ from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange, ReadResult
+from icefloe.topics import internal
 
 _NO_THROTTLE = datetime.timedelta(0)
 _READ_UNCOMMITTED: Final = 0
@@ -58,6 +59,8 @@ class _Partition:
     data: bytes | bytearray = b""
     next_offset: int = 0
     """Where the next read of this partition starts."""
+    empty_log: bool = False
+    """A partition of the internal topic: a log that never has a record."""
 
     @property
     def readable(self) -> bool:
@@ -97,13 +100,16 @@ async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
         next_offset=request.fetch_offset,
     )
     target.stream_id = await partitions.stream_of(ctx, topic, request.partition)
+    target.empty_log = target.stream_id is None and internal.has_partition(topic, request.partition)
     epoch_error = partitions.leader_epoch_error(getattr(request, "current_leader_epoch", -1))
-    if target.stream_id is None:
+    if target.stream_id is None and not target.empty_log:
         target.error = ErrorCode.unknown_topic_or_partition
     elif epoch_error is not None:
         target.error = epoch_error
     elif partitions.owned_elsewhere(ctx, topic, request.partition):
         target.error = ErrorCode.not_leader_or_follower
+    elif target.empty_log and target.fetch_offset != 0:
+        target.error = ErrorCode.offset_out_of_range
     return target
 
 
@@ -136,6 +142,10 @@ async def _fill(
             return
         waiting = [(t.stream_id, t.next_offset) for t in targets if t.stream_id is not None]
         if not waiting:
+            if any(t.empty_log for t in targets):
+                # Only the internal topic's partitions, which never get data: wait as Kafka
+                # waits on an empty log, rather than have the consumer ask again at once.
+                await asyncio.sleep(remaining)
             return
         await storage.wait_for_data(waiting, remaining)
 
@@ -228,6 +238,8 @@ async def _partition_response(
     storage: StreamStorage, module: Any, target: _Partition, isolation_level: int
 ) -> Any:
     high_watermark = log_start = -1  # what Kafka answers for a partition in error
+    if target.empty_log and target.error is ErrorCode.none:
+        high_watermark = log_start = 0
     if target.readable:
         assert target.stream_id is not None
         try:

@@ -16,6 +16,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
 from icefloe.storage.engine import StreamStorage
+from icefloe.topics import internal
 
 _NO_THROTTLE = datetime.timedelta(0)
 
@@ -52,11 +53,14 @@ async def _list_offset(ctx: RequestContext, module: Any, topic: str, request: An
         )
 
     stream_id = await partitions.stream_of(ctx, topic, request.partition_index)
-    if stream_id is None:
+    empty = stream_id is None and internal.has_partition(topic, request.partition_index)
+    if stream_id is None and not empty:
         return answer(ErrorCode.unknown_topic_or_partition)
     epoch_error = partitions.leader_epoch_error(getattr(request, "current_leader_epoch", -1))
     if epoch_error is not None:
         return answer(epoch_error)
+    if stream_id is None:  # the internal topic: an empty log
+        return answer(ErrorCode.none, *_empty_log_offset(request.timestamp))
     try:
         offset, timestamp = await _find_offset(ctx.broker.storage, stream_id, request.timestamp)
     except IcefloeError as exc:
@@ -82,6 +86,13 @@ async def _find_offset(storage: StreamStorage, stream_id: int, timestamp: int) -
     if offset is None:
         return UNKNOWN, UNKNOWN
     return offset, await _timestamp_at(storage, stream_id, offset)
+
+
+def _empty_log_offset(timestamp: int) -> tuple[int, int]:
+    """What :func:`_find_offset` answers for a log that never had a record."""
+    if timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL):
+        return 0, UNKNOWN
+    return UNKNOWN, UNKNOWN
 
 
 async def _max_timestamp(storage: StreamStorage, stream_id: int) -> tuple[int, int]:
@@ -138,13 +149,16 @@ async def _epoch_end(ctx: RequestContext, module: Any, topic: str, request: Any)
         )
 
     stream_id = await partitions.stream_of(ctx, topic, request.partition)
-    if stream_id is None:
+    empty = stream_id is None and internal.has_partition(topic, request.partition)
+    if stream_id is None and not empty:
         return answer(ErrorCode.unknown_topic_or_partition)
     epoch_error = partitions.leader_epoch_error(request.current_leader_epoch)
     if epoch_error is not None:
         return answer(epoch_error)
     if request.leader_epoch != partitions.LEADER_EPOCH:
         return answer(ErrorCode.none)
+    if stream_id is None:  # the internal topic: an empty log ends at 0
+        return answer(ErrorCode.none, partitions.LEADER_EPOCH, 0)
     try:
         log_end = await ctx.broker.storage.log_end(stream_id)
     except IcefloeError as exc:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -10,10 +12,34 @@ from kio.schema.errors import ErrorCode
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.cluster import client_zone
+from icefloe.topics import internal
 from icefloe.topics.registry import Topic, TopicError
 
 _NO_THROTTLE = datetime.timedelta(0)
 _FIRST_VERSION_WITH_TOPIC_IDS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    """A topic Metadata describes: a stored one or the internal one."""
+
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    is_internal: bool = False
+
+    @classmethod
+    def of(cls, topic: Topic) -> _Listed:
+        return cls(topic.name, topic.topic_id, topic.partitions)
+
+    @classmethod
+    def consumer_offsets(cls, ctx: RequestContext) -> _Listed:
+        return cls(
+            internal.CONSUMER_OFFSETS,
+            internal.topic_id(ctx.broker.cluster.cluster_id),
+            internal.PARTITIONS,
+            is_internal=True,
+        )
 
 
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
@@ -44,13 +70,15 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
 
 async def _requested(
     ctx: RequestContext, request: Any
-) -> list[tuple[str | None, Any, Topic | None]]:
+) -> list[tuple[str | None, Any, _Listed | None]]:
     """(name, id, topic) per requested topic; every topic when the request names none."""
     registry = ctx.broker.topics
     wanted = request.topics
     if wanted is None or (ctx.api_version == 0 and not wanted):
-        return [(t.name, t.topic_id, t) for t in registry.cached()]
-    found: list[tuple[str | None, Any, Topic | None]] = []
+        every = [_Listed.of(t) for t in registry.cached()]
+        every.append(_Listed.consumer_offsets(ctx))
+        return [(t.name, t.topic_id, t) for t in sorted(every, key=lambda t: t.name)]
+    found: list[tuple[str | None, Any, _Listed | None]] = []
     auto_create = ctx.broker.options.auto_create_topics and getattr(
         request, "allow_auto_topic_creation", True
     )
@@ -60,11 +88,16 @@ async def _requested(
         topic = None
         if name:
             topic = await registry.get(name)
-            if topic is None and auto_create:
+            if topic is None and auto_create and not internal.is_internal(name):
                 topic = await _auto_create(ctx, name)
         elif topic_id is not None:
             topic = registry.by_id(topic_id)
-        found.append((name, topic_id, topic))
+        listed = None if topic is None else _Listed.of(topic)
+        if topic is None and (name or topic_id is not None):
+            virtual = _Listed.consumer_offsets(ctx)
+            if name == virtual.name or (not name and topic_id == virtual.topic_id):
+                listed = virtual
+        found.append((name, topic_id, listed))
     return found
 
 
@@ -81,7 +114,7 @@ async def _describe(
     ctx: RequestContext,
     module: Any,
     zone: str | None,
-    requested: tuple[str | None, Any, Topic | None],
+    requested: tuple[str | None, Any, _Listed | None],
 ) -> Any:
     name, topic_id, topic = requested
     if name is None and ctx.api_version < _FIRST_VERSION_WITH_TOPIC_IDS:
@@ -122,6 +155,6 @@ async def _describe(
         error_code=ErrorCode.none,
         name=topic.name,
         topic_id=topic.topic_id,
-        is_internal=False,
+        is_internal=topic.is_internal,
         partitions=tuple(partitions),
     )

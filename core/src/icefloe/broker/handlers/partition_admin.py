@@ -27,6 +27,7 @@ from icefloe.broker.server import RequestContext
 from icefloe.cluster import client_zone
 from icefloe.errors import IcefloeError
 from icefloe.storage.reader import OffsetOutOfRange
+from icefloe.topics import internal
 from icefloe.topics.configs import effective_value, split_list
 from icefloe.topics.registry import Topic
 
@@ -69,6 +70,8 @@ async def _delete_records(
 ) -> tuple[ErrorCode, int]:
     """(error, low watermark) of one partition's deletion."""
     topic = await ctx.broker.topics.get(topic_name)
+    if topic is None and internal.is_internal(topic_name):
+        return internal.delete_records_refused()[0], _UNKNOWN
     if topic is None or not 0 <= partition < topic.partitions:
         return ErrorCode.unknown_topic_or_partition, _UNKNOWN
     policy = effective_value(topic.configs, "cleanup.policy", ctx.broker.config.storage)

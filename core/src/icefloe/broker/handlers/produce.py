@@ -30,6 +30,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
 from icefloe.errors import IcefloeError, KafkaError
 from icefloe.storage import batch
+from icefloe.topics import internal
 from icefloe.topics.configs import (
     LOG_APPEND_TIME,
     TIMESTAMP_TYPE_CONFIG,
@@ -126,10 +127,13 @@ def _refusal(request: Any) -> tuple[ErrorCode, str] | None:
 async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> None:
     target.stream_id = stream_id = await partitions.stream_of(ctx, target.topic, target.index)
     if stream_id is None:
-        target.fail(
-            ErrorCode.unknown_topic_or_partition,
-            f"topic {target.topic!r} has no partition {target.index}",
-        )
+        if internal.is_internal(target.topic):
+            target.fail(*internal.append_refused())
+        else:
+            target.fail(
+                ErrorCode.unknown_topic_or_partition,
+                f"topic {target.topic!r} has no partition {target.index}",
+            )
     elif partitions.owned_elsewhere(ctx, target.topic, target.index):
         target.fail(
             ErrorCode.not_leader_or_follower,

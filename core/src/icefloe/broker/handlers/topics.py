@@ -26,6 +26,7 @@ from kio.schema.errors import ErrorCode
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.topics import configs as topic_configs
+from icefloe.topics import internal
 from icefloe.topics.registry import MAX_PARTITIONS, Topic, TopicError, validate_topic_name
 
 _NO_THROTTLE = datetime.timedelta(0)
@@ -99,6 +100,9 @@ def _plan(ctx: RequestContext, wanted: Any) -> _NewTopic:
         TopicError: with the Kafka error of the first problem found.
     """
     validate_topic_name(wanted.name)
+    refused = internal.creation_refused(wanted.name)
+    if refused is not None:
+        raise TopicError(*refused)
     return _NewTopic(
         wanted.name,
         _partition_count(ctx, wanted),
@@ -236,6 +240,11 @@ async def _delete_one(
     """(error, message, name, id) of deleting one topic, named or given by id."""
     if (name is None) == (topic_id is None):
         return ErrorCode.invalid_request, "give either a topic name or a topic id", name, topic_id
+    if internal.is_internal(name) or (
+        topic_id is not None and topic_id == internal.topic_id(ctx.broker.cluster.cluster_id)
+    ):
+        code, message = internal.deletion_refused()
+        return code, message, internal.CONSUMER_OFFSETS, topic_id
     if topic_id is not None:
         topic = ctx.broker.topics.by_id(topic_id)
         if topic is None:
@@ -281,6 +290,8 @@ async def _grow(
 ) -> tuple[ErrorCode, str | None]:
     registry = ctx.broker.topics
     try:
+        if internal.is_internal(wanted.name):
+            raise TopicError(*internal.change_refused("partitions"))
         topic = await registry.get(wanted.name)
         if topic is None:
             raise TopicError(
