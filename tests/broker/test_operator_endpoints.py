@@ -18,14 +18,7 @@ import pytest
 from icefloe.broker.broker import Broker
 from icefloe.broker.observability import LIVENESS_TIMEOUT_S
 from icefloe.config import load_config
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+from tests.support.http import get
 
 
 @pytest.fixture

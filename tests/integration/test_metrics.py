@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.http import get
 
 DOCS = Path(__file__).parents[2] / "docs"
 FORMATS = ("iceberg", "delta")
@@ -41,14 +42,6 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels``."""
     wanted = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -22,7 +22,12 @@ if TYPE_CHECKING:
     from icefloe.security.users import UserStore
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 _MECHANISMS = click.Choice(["SCRAM-SHA-256", "SCRAM-SHA-512"])
+
+
+def _mechanism_option(text: str) -> Callable[[F], F]:
+    return click.option("--mechanism", "mechanisms", type=_MECHANISMS, multiple=True, help=text)
 
 
 @click.group("users")
@@ -55,13 +60,7 @@ def _run(
 @users.command("add")
 @data_dir_option
 @click.argument("name")
-@click.option(
-    "--mechanism",
-    "mechanisms",
-    type=_MECHANISMS,
-    multiple=True,
-    help="Credential to store (repeatable; default: both).",
-)
+@_mechanism_option("Credential to store (repeatable; default: both).")
 @click.option("--iterations", type=click.IntRange(4096, 16384), default=8192, show_default=True)
 @click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
 @click.pass_context
@@ -132,13 +131,7 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
 @users.command("delete")
 @data_dir_option
 @click.argument("name")
-@click.option(
-    "--mechanism",
-    "mechanisms",
-    type=_MECHANISMS,
-    multiple=True,
-    help="Credential to delete (repeatable; default: every one).",
-)
+@_mechanism_option("Credential to delete (repeatable; default: every one).")
 @click.pass_context
 def delete(ctx: click.Context, name: str, mechanisms: tuple[str, ...]) -> None:
     """Delete user NAME (or some of its credentials); its open connections stay logged in."""
