@@ -85,10 +85,12 @@ def cluster(provider: Provider, tmp_path_factory: pytest.TempPathFactory) -> Ite
             "ICEFLOE_SECURITY__FAILED_AUTHENTICATION_DELAY_MS": "10",
         },
     )
-    admin = AdminClient({"bootstrap.servers": running.bootstrap})
-    admin.create_topics([NewTopic("tokens", 1)])["tokens"].result(30)
-    yield Cluster(running, port)
-    running.stop()
+    try:
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        admin.create_topics([NewTopic("tokens", 1)])["tokens"].result(30)
+        yield Cluster(running, port)
+    finally:
+        running.stop()
 
 
 def client_config(

@@ -85,10 +85,12 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             "ICEFLOE_SECURITY__FAILED_AUTHENTICATION_DELAY_MS": "10",
         },
     )
-    admin = AdminClient({"bootstrap.servers": running.bootstrap})
-    admin.create_topics([NewTopic("secure", 1)])["secure"].result(30)
-    yield Secured(running, folder / "ca.pem", folder / "client.pem", ports)
-    running.stop()
+    try:
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        admin.create_topics([NewTopic("secure", 1)])["secure"].result(30)
+        yield Secured(running, folder / "ca.pem", folder / "client.pem", ports)
+    finally:
+        running.stop()
 
 
 def confluent_config(
