@@ -28,6 +28,7 @@ GROUP_ALIVE: Final = "group-alive/"
 GROUP_OFFSETS: Final = "group-offsets/"
 COMPACTION: Final = "compaction/"
 USERS: Final = "users/"
+ACLS: Final = "acls/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,14 @@ KEYSPACE: Final = (
         "icefloe.security.users",
         "msgpack [salt, stored key, server key, iterations]: a SASL user's salted credential "
         "(never the password)",
+    ),
+    Prefix(
+        "ACLS",
+        ACLS,
+        "acls/<resource type>/<literal or prefixed>/<resource name, percent-encoded>",
+        "icefloe.security.acl_store",
+        "msgpack [[principal, host, operation code, permission code], ...]: every ACL on one "
+        "resource pattern",
     ),
 )
 """Every key family, in the order ``docs/design.md`` shows them."""

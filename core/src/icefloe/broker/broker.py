@@ -19,6 +19,8 @@ from icefloe.config.broker import BrokerOptions
 from icefloe.errors import IcefloeError
 from icefloe.groups.coordinator import GroupCoordinator
 from icefloe.security import tls
+from icefloe.security.acl_store import AclStore
+from icefloe.security.authorizer import Authorizer
 from icefloe.security.oauthbearer import TokenValidator
 from icefloe.security.users import UserStore
 from icefloe.storage.engine import StreamStorage
@@ -43,6 +45,8 @@ class Broker:
         """Memory for requests and responses in flight, over every connection."""
         self.server = KafkaServer(self, self.memory)
         self.users = UserStore(storage.metadata)
+        self.acls = AclStore(storage.metadata)
+        self.authorizer = Authorizer(config.security.acls, self.acls)
         security = config.security
         self.tokens = (
             TokenValidator(security.oauthbearer)
@@ -87,6 +91,8 @@ class Broker:
         """
         self._stall_watch = asyncio.create_task(self.stalls.run(), name="stall-detector")
         await self.topics.start()
+        if self.authorizer.enabled:
+            await self.acls.start()  # before the first client: no request goes unchecked
         listeners = await self._listen(self.options.port if port is None else port, index)
         _, _, bound = listeners[0]
         bound_metrics = None
@@ -144,6 +150,7 @@ class Broker:
         await self.storage.flush()
         await self.cluster.leave()
         await self.topics.close()
+        await self.acls.close()
         await self.storage.close()
 
     async def _collect_orphans(self) -> None:

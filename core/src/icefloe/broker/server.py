@@ -35,6 +35,8 @@ from icefloe.broker.memory import ByteBudget, Held
 from icefloe.broker.protocol import ProtocolError, Request
 from icefloe.cluster import client_zone
 from icefloe.config.security import Protocol
+from icefloe.security import tls
+from icefloe.security.acls import ANONYMOUS, CLUSTER_NAME, Operation, ResourceType
 from icefloe.security.sasl import SaslExchange
 
 if TYPE_CHECKING:
@@ -87,8 +89,12 @@ class Connection:
     """Whether requests other than the login's wait for a SASL login (a SASL listener)."""
     sasl: SaslExchange | None = None
     """The login in progress, from SaslHandshake on."""
+    host: str = ""
+    """The client's address, as ACLs name hosts."""
     principal: str | None = None
     """Who logged in (SASL), once they have."""
+    certificate_principal: str | None = None
+    """``User:<distinguished name>`` of a client certificate (mutual TLS), as Kafka names it."""
     login_expires: float | None = None
     """When the login must have been renewed (``time.monotonic()``; KIP-368), if ever."""
     doomed: bool = False
@@ -117,6 +123,23 @@ class RequestContext:
     @property
     def client_id(self) -> str:
         return self.request.client_id or ""
+
+    @property
+    def principal(self) -> str:
+        """Who sends the request, as ACLs name principals: the SASL login, else the client
+        certificate's subject, else ``User:ANONYMOUS``."""
+        connection = self.connection
+        if connection.principal is not None:
+            return f"User:{connection.principal}"
+        return connection.certificate_principal or ANONYMOUS
+
+    def allows(
+        self, operation: Operation, resource_type: ResourceType, name: str = CLUSTER_NAME
+    ) -> bool:
+        """Whether the ACLs let this request's principal do ``operation`` on the resource."""
+        return self.broker.authorizer.allows(
+            self.principal, self.connection.host, operation, resource_type, name
+        )
 
     def response_module(self) -> Any:
         """The kio module with this request version's response classes."""
@@ -181,13 +204,19 @@ class KafkaServer:
         self._connections.add(task)
         metrics.CONNECTIONS_ACCEPTED.inc()
         metrics.CONNECTIONS.inc()
-        peer = str(writer.get_extra_info("peername"))
+        address = writer.get_extra_info("peername")
+        peer = str(address)
         connection = Connection(
             peer,
             ByteBudget(self._options.max_inflight_bytes),
             listener.name,
             needs_login=listener.protocol.sasl,
+            host=str(address[0]) if isinstance(address, tuple) and address else "",
         )
+        if listener.ssl is not None:
+            connection.certificate_principal = tls.certificate_principal(
+                writer.get_extra_info("peercert")
+            )
         responses: asyncio.Queue[_Pending | None] = asyncio.Queue(
             self._options.max_inflight_requests
         )

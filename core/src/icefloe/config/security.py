@@ -1,4 +1,4 @@
-"""The ``[security]`` configuration section: listeners' protocols, TLS and SASL.
+"""The ``[security]`` configuration section: listeners' protocols, TLS, SASL and ACLs.
 
 A broker always listens on ``[broker] host:port`` with ``[security] protocol``; ``listeners``
 adds more, each written as Kafka writes them: ``PROTOCOL://host:port``, the protocol one of
@@ -114,6 +114,30 @@ class OAuthBearerOptions(BaseModel):
         return self.jwks_url is not None or self.jwks_file is not None
 
 
+class AclOptions(BaseModel):
+    """Authorization by ACLs (Kafka's ``authorizer.class.name``, ``super.users`` and
+    ``allow.everyone.if.no.acl.found``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    """Check every request against the cluster's ACLs (managed with CreateAcls/DeleteAcls,
+    e.g. ``kafka-acls.sh``). Off, every client may do everything."""
+    super_users: list[str] = Field(default_factory=list)
+    """Principals allowed everything, ACLs or not (``User:admin``)."""
+    allow_everyone_if_no_acl_found: bool = False
+    """Whether a resource no ACL names is open to all. Off (Kafka's default): denied."""
+
+    @field_validator("super_users")
+    @classmethod
+    def _principals(cls, values: list[str]) -> list[str]:
+        for value in values:
+            kind, colon, name = value.partition(":")
+            if not colon or not kind or not name:
+                raise ValueError(f"super user {value!r} is not TYPE:NAME (e.g. User:admin)")
+        return values
+
+
 class SecurityOptions(BaseModel):
     """How clients connect and prove who they are."""
 
@@ -138,6 +162,7 @@ class SecurityOptions(BaseModel):
     """A failed login is answered this late, then its connection closed (slows guessing)."""
     tls: TlsOptions = TlsOptions()
     oauthbearer: OAuthBearerOptions = OAuthBearerOptions()
+    acls: AclOptions = AclOptions()
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from typing import Any, Final
 
 from icefloe.config.security import TlsOptions
 from icefloe.errors import ConfigError
@@ -36,3 +37,40 @@ def server_context(options: TlsOptions) -> ssl.SSLContext:
         ) from exc
     context.verify_mode = _CLIENT_AUTH[options.client_auth]
     return context
+
+
+_SHORT_NAMES: Final = {
+    "commonName": "CN",
+    "countryName": "C",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+_ESCAPED: Final = frozenset(',+"\\<>;=')
+
+
+def certificate_principal(certificate: Any) -> str | None:
+    """``User:<subject>`` of a verified client certificate, the subject written as Kafka's
+    default principal builder writes it (RFC 2253: most specific name first, ``CN=alice,
+    OU=eng,O=Acme``); ``None`` when the client sent none."""
+    if not isinstance(certificate, dict) or not certificate.get("subject"):
+        return None
+    names = []
+    for rdn in reversed(certificate["subject"]):
+        names.append(
+            "+".join(f"{_SHORT_NAMES.get(kind, kind)}={_escape(value)}" for kind, value in rdn)
+        )
+    return "User:" + ",".join(names)
+
+
+def _escape(value: str) -> str:
+    escaped = "".join(f"\\{c}" if c in _ESCAPED else c for c in value)
+    if escaped.startswith((" ", "#")):
+        escaped = "\\" + escaped
+    if escaped.endswith(" ") and not escaped.endswith("\\ "):
+        escaped = escaped[:-1] + "\\ "
+    return escaped

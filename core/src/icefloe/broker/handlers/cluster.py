@@ -1,25 +1,25 @@
 """DescribeCluster: the live brokers of the client's zone, the cluster id and a controller id.
 
 Icefloe has no controller: every broker can do everything. The lowest live broker id is
-reported as the controller, as Metadata does, so both APIs agree. Icefloe has no authorizer
-yet, so authorised operations are reported as "not provided" (INT32_MIN), as Kafka does when
-they are not requested.
+reported as the controller, as Metadata does, so both APIs agree. Describing the cluster
+takes DESCRIBE on it when ACLs are on.
 """
 
 from __future__ import annotations
 
 import datetime
 import enum
-from typing import Any, Final
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.broker.handlers.authorized import NOT_PROVIDED, authorized_operations
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.cluster import client_zone
+from icefloe.security.acls import Operation, ResourceType
 
 _NO_THROTTLE = datetime.timedelta(0)
-_OPERATIONS_NOT_PROVIDED: Final = -(2**31)
 
 
 class EndpointType(enum.IntEnum):
@@ -35,6 +35,8 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
     wanted = getattr(request, "endpoint_type", EndpointType.BROKER)
     if wanted != EndpointType.BROKER:
         return _refused(ctx, module, wanted)
+    if not ctx.allows(Operation.DESCRIBE, ResourceType.CLUSTER):
+        return _refused(ctx, module, wanted, ErrorCode.cluster_authorization_failed)
     cluster = ctx.broker.cluster
     brokers = cluster.brokers_for(client_zone(ctx.client_id))
     return make(
@@ -55,13 +57,18 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
             )
             for b in brokers
         ),
-        cluster_authorized_operations=_OPERATIONS_NOT_PROVIDED,
+        cluster_authorized_operations=authorized_operations(
+            ctx, request.include_cluster_authorized_operations, ResourceType.CLUSTER
+        ),
     )
 
 
-def _refused(ctx: RequestContext, module: Any, wanted: int) -> Any:
-    """Kafka's answers when a broker is asked for controllers, or for an unknown type."""
-    if wanted == EndpointType.CONTROLLER:
+def _refused(ctx: RequestContext, module: Any, wanted: int, error: ErrorCode | None = None) -> Any:
+    """Kafka's answers when a broker is asked for controllers, or for an unknown type, or
+    the client may not describe the cluster."""
+    if error is not None:
+        code, message = error, "describing the cluster takes DESCRIBE on it"
+    elif wanted == EndpointType.CONTROLLER:
         code = ErrorCode.mismatched_endpoint_type
         message = (
             "The request was sent to an endpoint of type BROKER, but we wanted an endpoint "
@@ -77,5 +84,5 @@ def _refused(ctx: RequestContext, module: Any, wanted: int) -> Any:
         cluster_id=ctx.broker.cluster.cluster_id,
         controller_id=-1,
         brokers=(),
-        cluster_authorized_operations=_OPERATIONS_NOT_PROVIDED,
+        cluster_authorized_operations=NOT_PROVIDED,
     )

@@ -21,6 +21,7 @@ from icefloe.broker.handlers.topics import duplicated, repeated
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import KafkaError
+from icefloe.security import acls
 from icefloe.topics import configs as topic_configs
 from icefloe.topics import internal
 from icefloe.topics.configs import (
@@ -82,6 +83,7 @@ async def _describe_resource(
 ) -> Any:
     code, message = ErrorCode.none, None
     try:
+        _check_allowed(ctx, acls.Operation.DESCRIBE_CONFIGS, resource)
         entries = await _entries(ctx, resource.resource_type, resource.resource_name)
     except (TopicError, _Refused) as exc:
         code, message, entries = exc.error_code, str(exc), []
@@ -293,6 +295,7 @@ async def _alter(
     ctx: RequestContext, resource: Any, change: Callable[[Any], _Change], validate_only: bool
 ) -> tuple[ErrorCode, str | None]:
     try:
+        _check_allowed(ctx, acls.Operation.ALTER_CONFIGS, resource)
         _check_unique_keys(resource.configs)
         if _resource_type(resource.resource_type) is ResourceType.BROKER:
             _refuse_broker_change(resource.configs)
@@ -308,6 +311,21 @@ async def _alter(
     except (TopicError, _Refused) as exc:
         return exc.error_code, str(exc)
     return ErrorCode.none, None
+
+
+def _check_allowed(ctx: RequestContext, operation: acls.Operation, resource: Any) -> None:
+    """Kafka's check: the operation on the topic, or on the cluster for a broker's configs."""
+    if _resource_type(resource.resource_type) is ResourceType.TOPIC:
+        if not ctx.allows(operation, acls.ResourceType.TOPIC, resource.resource_name):
+            raise _Refused(
+                ErrorCode.topic_authorization_failed,
+                f"{operation.name} on topic {resource.resource_name!r} is not allowed",
+            )
+    elif not ctx.allows(operation, acls.ResourceType.CLUSTER):
+        raise _Refused(
+            ErrorCode.cluster_authorization_failed,
+            f"{operation.name} on the cluster is not allowed",
+        )
 
 
 def _check_unique_keys(configs: Sequence[Any]) -> None:

@@ -9,16 +9,19 @@ from __future__ import annotations
 import base64
 import datetime
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.broker.handlers.groups import client_host, guarded
+from icefloe.broker.handlers.authorized import NOT_PROVIDED, authorized_operations
+from icefloe.broker.handlers.groups import client_host, guarded, may_read
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
 from icefloe.groups import consumer
 from icefloe.groups.model import Assignment, ClassicGroup, ConsumerGroup
+from icefloe.security.acls import Operation, ResourceType
 
 _NO_THROTTLE = datetime.timedelta(0)
 
@@ -91,6 +94,9 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, request: Any) -> 
                 ErrorCode.invalid_group_id, "GroupId can't be empty", member_id, -1
             )
         )
+    refusal = _refusal(ctx, group_id, heartbeat.subscribed_topic_names or ())
+    if refusal is not None:
+        return answer(consumer.HeartbeatResult(*refusal, member_id, heartbeat.member_epoch))
 
     async def run() -> Any:
         # Every member's subscribed names, not only this one's: the assignor sees them all.
@@ -117,10 +123,24 @@ async def handle_consumer_group_heartbeat(ctx: RequestContext, request: Any) -> 
     return await guarded(failed, run())
 
 
+def _refusal(
+    ctx: RequestContext, group_id: str, topics: Iterable[str]
+) -> tuple[ErrorCode, str] | None:
+    """Kafka's checks: READ on the group, DESCRIBE on every subscribed topic."""
+    if not may_read(ctx, group_id):
+        return ErrorCode.group_authorization_failed, f"not allowed to use group {group_id!r}"
+    hidden = sorted(t for t in topics if not ctx.allows(Operation.DESCRIBE, ResourceType.TOPIC, t))
+    if hidden:
+        return ErrorCode.topic_authorization_failed, f"not allowed to describe {hidden}"
+    return None
+
+
 async def handle_consumer_group_describe(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     store = ctx.broker.groups.store
     catalog = ctx.broker.groups.catalog()
+
+    with_operations = request.include_authorized_operations
 
     def group_answer(group_id: str, error: ErrorCode, message: str | None) -> Any:
         return make(
@@ -133,11 +153,15 @@ async def handle_consumer_group_describe(ctx: RequestContext, request: Any) -> A
             assignment_epoch=-1,
             assignor_name="",
             members=(),
-            authorized_operations=-2147483648,
+            authorized_operations=NOT_PROVIDED,
         )
 
     described = []
     for group_id in request.group_ids:
+        if not ctx.allows(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            message = f"not allowed to describe group {group_id!r}"
+            described.append(group_answer(group_id, ErrorCode.group_authorization_failed, message))
+            continue
         try:
             stored = await store.load(group_id)
         except IcefloeError as exc:
@@ -196,7 +220,9 @@ async def handle_consumer_group_describe(ctx: RequestContext, request: Any) -> A
                 assignment_epoch=group.assignment_epoch,
                 assignor_name=group.assignor,
                 members=members,
-                authorized_operations=-2147483648,
+                authorized_operations=authorized_operations(
+                    ctx, with_operations, ResourceType.GROUP, group_id
+                ),
             )
         )
     return make(

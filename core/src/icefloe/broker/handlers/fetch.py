@@ -33,6 +33,7 @@ from icefloe.broker.memory import Held
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
+from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange, ReadResult
 from icefloe.topics import internal
@@ -99,6 +100,9 @@ async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
         request.partition_max_bytes,
         next_offset=request.fetch_offset,
     )
+    if not ctx.allows(Operation.READ, ResourceType.TOPIC, topic):
+        target.error = ErrorCode.topic_authorization_failed
+        return target
     target.stream_id = await partitions.stream_of(ctx, topic, request.partition)
     target.empty_log = target.stream_id is None and internal.has_partition(topic, request.partition)
     epoch_error = partitions.leader_epoch_error(getattr(request, "current_leader_epoch", -1))

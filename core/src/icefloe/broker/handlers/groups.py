@@ -21,12 +21,14 @@ from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.broker.handlers.authorized import authorized_operations
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.cluster import BrokerInfo, client_zone
 from icefloe.errors import IcefloeError
 from icefloe.groups import classic
 from icefloe.groups.model import ClassicGroup, ClassicState, Group, is_empty
+from icefloe.security.acls import Operation, ResourceType
 
 _NO_THROTTLE = datetime.timedelta(0)
 _GROUP_KEY = 0
@@ -48,6 +50,15 @@ async def guarded(make_error: Callable[[ErrorCode], T], work: Awaitable[T]) -> T
         return await work
     except IcefloeError as exc:
         return make_error(store_error(exc))
+
+
+def may_read(ctx: RequestContext, group_id: str) -> bool:
+    """Whether the client may take part in the group (READ on it)."""
+    return ctx.allows(Operation.READ, ResourceType.GROUP, group_id)
+
+
+def _not_allowed(group_id: str) -> str:
+    return f"not allowed to use group {group_id!r}"
 
 
 def client_host(ctx: RequestContext) -> str:
@@ -78,6 +89,8 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
             answers.append(
                 (name, ErrorCode.invalid_request, "Icefloe coordinates consumer groups only", None)
             )
+        elif not ctx.allows(Operation.DESCRIBE, ResourceType.GROUP, name):
+            answers.append((name, ErrorCode.group_authorization_failed, _not_allowed(name), None))
         else:
             answers.append((name, ErrorCode.none, None, ctx.broker.cluster.coordinator(name, zone)))
 
@@ -141,6 +154,8 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
     group_id = request.group_id
     if not group_id:
         return answer(ErrorCode.invalid_group_id, request.member_id)
+    if not may_read(ctx, group_id):
+        return answer(ErrorCode.group_authorization_failed, request.member_id)
     session_ms = _ms(request.session_timeout)
     rebalance_ms = _ms(getattr(request, "rebalance_timeout", None))
     instance_id = getattr(request, "group_instance_id", None)
@@ -208,6 +223,8 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
     group_id = request.group_id
     if not group_id:
         return answer(ErrorCode.invalid_group_id)
+    if not may_read(ctx, group_id):
+        return answer(ErrorCode.group_authorization_failed)
     member_id = request.member_id
     generation = int(request.generation_id)
     instance_id = getattr(request, "group_instance_id", None)
@@ -268,6 +285,8 @@ async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
 
     if not request.group_id:
         return answer(ErrorCode.invalid_group_id)
+    if not may_read(ctx, request.group_id):
+        return answer(ErrorCode.group_authorization_failed)
     store = ctx.broker.groups.store
 
     async def run() -> Any:
@@ -314,6 +333,8 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
     group_id = request.group_id
     if not group_id:
         return answer(ErrorCode.invalid_group_id)
+    if not may_read(ctx, group_id):
+        return answer(ErrorCode.group_authorization_failed)
     coordinator = ctx.broker.groups
 
     async def run() -> Any:
@@ -367,11 +388,23 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
             protocol_type=protocol_type,
             protocol_data=protocol_data,
             members=tuple(members),
-            authorized_operations=-2147483648,
+            authorized_operations=authorized_operations(
+                ctx,
+                getattr(request, "include_authorized_operations", False) and group is not None,
+                ResourceType.GROUP,
+                group_id,
+            ),
         )
 
     out = []
     for group_id in request.groups:
+        if not ctx.allows(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            out.append(
+                described(
+                    group_id, ErrorCode.group_authorization_failed, None, _not_allowed(group_id)
+                )
+            )
+            continue
         try:
             stored = await store.load(group_id)
         except IcefloeError as exc:
@@ -415,11 +448,15 @@ async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
             groups=(),
         )
     listed = []
+    # Without DESCRIBE on the cluster, a client lists only the groups it may describe.
+    every = ctx.allows(Operation.DESCRIBE, ResourceType.CLUSTER)
     for s in stored:
         group = s.group
         if (states and group.state_name.lower() not in states) or (
             types and group.type.value not in types
         ):
+            continue
+        if not every and not ctx.allows(Operation.DESCRIBE, ResourceType.GROUP, group.group_id):
             continue
         protocol_type = group.protocol_type or "" if isinstance(group, ClassicGroup) else "consumer"
         listed.append(
@@ -455,9 +492,12 @@ async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
 
     results = []
     for group_id in request.groups_names:
-        try:
-            error = await delete(group_id)
-        except IcefloeError as exc:
-            error = store_error(exc)
+        if not ctx.allows(Operation.DELETE, ResourceType.GROUP, group_id):
+            error = ErrorCode.group_authorization_failed
+        else:
+            try:
+                error = await delete(group_id)
+            except IcefloeError as exc:
+                error = store_error(exc)
         results.append(make(module.DeletableGroupResult, group_id=group_id, error_code=error))
     return make(module.DeleteGroupsResponse, throttle_time=_NO_THROTTLE, results=tuple(results))

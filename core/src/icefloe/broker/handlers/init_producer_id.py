@@ -18,6 +18,7 @@ from kio.schema.errors import ErrorCode
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
+from icefloe.security.acls import Operation, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,15 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
             ctx.client_id or ctx.connection.peer,
         )
         return answer(ErrorCode.transactional_id_authorization_failed)
+    # Kafka's rule: an idempotent producer needs IDEMPOTENT_WRITE on the cluster, or WRITE on
+    # some topic.
+    authorizer = ctx.broker.authorizer
+    if not ctx.allows(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER) and not (
+        authorizer.allows_some(
+            ctx.principal, ctx.connection.host, Operation.WRITE, ResourceType.TOPIC
+        )
+    ):
+        return answer(ErrorCode.cluster_authorization_failed)
     producer_id = getattr(request, "producer_id", NO_PRODUCER_ID)
     epoch = getattr(request, "producer_epoch", NO_PRODUCER_EPOCH)
     if (producer_id == NO_PRODUCER_ID) != (epoch == NO_PRODUCER_EPOCH):

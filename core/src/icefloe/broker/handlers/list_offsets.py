@@ -15,6 +15,7 @@ from icefloe.broker.handlers import partitions
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
+from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics import internal
 
@@ -52,6 +53,8 @@ async def _list_offset(ctx: RequestContext, module: Any, topic: str, request: An
             leader_epoch=partitions.LEADER_EPOCH if offset != UNKNOWN else -1,
         )
 
+    if not ctx.allows(Operation.DESCRIBE, ResourceType.TOPIC, topic):
+        return answer(ErrorCode.topic_authorization_failed)
     stream_id = await partitions.stream_of(ctx, topic, request.partition_index)
     empty = stream_id is None and internal.has_partition(topic, request.partition_index)
     if stream_id is None and not empty:
@@ -148,6 +151,8 @@ async def _epoch_end(ctx: RequestContext, module: Any, topic: str, request: Any)
             end_offset=end_offset,
         )
 
+    if not ctx.allows(Operation.DESCRIBE, ResourceType.TOPIC, topic):
+        return answer(ErrorCode.topic_authorization_failed)
     stream_id = await partitions.stream_of(ctx, topic, request.partition)
     empty = stream_id is None and internal.has_partition(topic, request.partition)
     if stream_id is None and not empty:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import datetime
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.broker.handlers.authorized import authorized_operations
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.cluster import client_zone
+from icefloe.security.acls import Operation, ResourceType
 from icefloe.topics import internal
 from icefloe.topics.registry import Topic, TopicError
 
@@ -42,12 +44,20 @@ class _Listed:
         )
 
 
+_UNAUTHORIZED: Final = _Listed("", uuid.UUID(int=0), 0)
+"""Stands for a topic the client may not describe (or create, when it asked to)."""
+
+
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     broker = ctx.broker
     zone = client_zone(ctx.client_id)
     brokers = broker.cluster.brokers_for(zone)
-    topics = [await _describe(ctx, module, zone, t) for t in await _requested(ctx, request)]
+    with_operations = getattr(request, "include_topic_authorized_operations", False)
+    topics = [
+        await _describe(ctx, module, zone, t, with_operations)
+        for t in await _requested(ctx, request)
+    ]
     return make(
         module.MetadataResponse,
         throttle_time=_NO_THROTTLE,
@@ -64,7 +74,11 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         cluster_id=broker.cluster.cluster_id,
         controller_id=min(b.node_id for b in brokers),
         topics=tuple(topics),
-        cluster_authorized_operations=-2147483648,
+        cluster_authorized_operations=authorized_operations(
+            ctx,
+            getattr(request, "include_cluster_authorized_operations", False),
+            ResourceType.CLUSTER,
+        ),
     )
 
 
@@ -77,7 +91,12 @@ async def _requested(
     if wanted is None or (ctx.api_version == 0 and not wanted):
         every = [_Listed.of(t) for t in registry.cached()]
         every.append(_Listed.consumer_offsets(ctx))
-        return [(t.name, t.topic_id, t) for t in sorted(every, key=lambda t: t.name)]
+        # A client sees only the topics it may describe, as in Kafka.
+        return [
+            (t.name, t.topic_id, t)
+            for t in sorted(every, key=lambda t: t.name)
+            if ctx.allows(Operation.DESCRIBE, ResourceType.TOPIC, t.name)
+        ]
     found: list[tuple[str | None, Any, _Listed | None]] = []
     auto_create = ctx.broker.options.auto_create_topics and getattr(
         request, "allow_auto_topic_creation", True
@@ -87,11 +106,21 @@ async def _requested(
         topic_id = getattr(entry, "topic_id", None)
         topic = None
         if name:
+            if not ctx.allows(Operation.DESCRIBE, ResourceType.TOPIC, name):
+                found.append((name, topic_id, _UNAUTHORIZED))
+                continue
             topic = await registry.get(name)
             if topic is None and auto_create and not internal.is_internal(name):
+                if not _may_create(ctx, name):
+                    found.append((name, topic_id, _UNAUTHORIZED))
+                    continue
                 topic = await _auto_create(ctx, name)
         elif topic_id is not None:
             topic = registry.by_id(topic_id)
+            if topic is not None and not ctx.allows(
+                Operation.DESCRIBE, ResourceType.TOPIC, topic.name
+            ):
+                topic = None  # as Kafka answers: an id one may not describe is unknown
         listed = None if topic is None else _Listed.of(topic)
         if topic is None and (name or topic_id is not None):
             virtual = _Listed.consumer_offsets(ctx)
@@ -99,6 +128,12 @@ async def _requested(
                 listed = virtual
         found.append((name, topic_id, listed))
     return found
+
+
+def _may_create(ctx: RequestContext, name: str) -> bool:
+    return ctx.allows(Operation.CREATE, ResourceType.CLUSTER) or ctx.allows(
+        Operation.CREATE, ResourceType.TOPIC, name
+    )
 
 
 async def _auto_create(ctx: RequestContext, name: str) -> Topic | None:
@@ -115,8 +150,17 @@ async def _describe(
     module: Any,
     zone: str | None,
     requested: tuple[str | None, Any, _Listed | None],
+    with_operations: bool,
 ) -> Any:
     name, topic_id, topic = requested
+    if topic is _UNAUTHORIZED:
+        return make(
+            module.MetadataResponseTopic,
+            error_code=ErrorCode.topic_authorization_failed,
+            name=name,
+            topic_id=topic_id,
+            partitions=(),
+        )
     if name is None and ctx.api_version < _FIRST_VERSION_WITH_TOPIC_IDS:
         # As Kafka answers it: before v12 a topic is named, and a response cannot say null.
         return make(
@@ -157,4 +201,7 @@ async def _describe(
         topic_id=topic.topic_id,
         is_internal=topic.is_internal,
         partitions=tuple(partitions),
+        topic_authorized_operations=authorized_operations(
+            ctx, with_operations, ResourceType.TOPIC, topic.name
+        ),
     )

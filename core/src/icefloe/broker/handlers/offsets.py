@@ -13,13 +13,14 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.broker.handlers.groups import guarded, store_error
+from icefloe.broker.handlers.groups import guarded, may_read, store_error
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import ConflictError, IcefloeError
 from icefloe.groups import classic, consumer, consumer_protocol
 from icefloe.groups.model import ClassicGroup, ConsumerGroup, Group
 from icefloe.groups.store import CommittedOffset, GroupStore, Stored, now_ms
+from icefloe.security.acls import Operation, ResourceType
 
 _NO_THROTTLE = datetime.timedelta(0)
 
@@ -93,21 +94,27 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
 
     if not group_id:
         return everywhere(ErrorCode.invalid_group_id)
+    if not may_read(ctx, group_id):
+        return everywhere(ErrorCode.group_authorization_failed)
 
     async def run() -> Any:
         codes: dict[tuple[int, int], ErrorCode] = {}
         offsets: dict[tuple[str, int], CommittedOffset] = {}
         committed_at = now_ms()
         for i, topic in enumerate(request.topics):
+            name = names[i]
+            readable = name is not None and _may_read_topic(ctx, name)
             for j, p in enumerate(topic.partitions):
                 metadata = p.committed_metadata
-                if names[i] is None:
+                if name is None:
                     codes[(i, j)] = ErrorCode.unknown_topic_id
+                elif not readable:
+                    codes[(i, j)] = ErrorCode.topic_authorization_failed
                 elif metadata is not None and len(metadata.encode()) > max_metadata:
                     codes[(i, j)] = ErrorCode.offset_metadata_too_large
                 else:
                     codes[(i, j)] = ErrorCode.none
-                    offsets[(names[i], int(p.partition_index))] = CommittedOffset(  # type: ignore[index]
+                    offsets[(name, int(p.partition_index))] = CommittedOffset(
                         int(p.committed_offset),
                         int(getattr(p, "committed_leader_epoch", -1)),
                         metadata,
@@ -248,6 +255,8 @@ async def _offsets(
     """
     if not group_id:
         return ErrorCode.invalid_group_id, []
+    if not ctx.allows(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+        return ErrorCode.group_authorization_failed, []
     store = ctx.broker.groups.store
     try:
         stored = await store.load(group_id)
@@ -262,7 +271,8 @@ async def _offsets(
             committed = await store.fetch_offsets(group_id)
             by_topic: dict[str, _Parts] = {}
             for (topic, p), offset in sorted(committed.items()):
-                by_topic.setdefault(topic, []).append((p, offset, ErrorCode.none))
+                if _may_describe_topic(ctx, topic):  # others' offsets stay unseen, as in Kafka
+                    by_topic.setdefault(topic, []).append((p, offset, ErrorCode.none))
             out: list[tuple[str | None, Any, _Parts]] = []
             for topic, parts in by_topic.items():
                 key: Any = topic
@@ -273,22 +283,23 @@ async def _offsets(
                     key = known.topic_id
                 out.append((topic, key, parts))
             return ErrorCode.none, out
-        names = {name: parts for name, _, parts in wanted if name is not None}
+        visible = {
+            name for name, _, _ in wanted if name is not None and _may_describe_topic(ctx, name)
+        }
+        names = {name: parts for name, _, parts in wanted if name in visible}
         committed = await store.fetch_offsets(group_id, names)
     except IcefloeError as exc:
         return store_error(exc), []
+
+    def fetched(name: str | None, p: int) -> tuple[int, CommittedOffset | None, ErrorCode]:
+        if name is None:
+            return p, None, ErrorCode.unknown_topic_id
+        if name not in visible:
+            return p, None, ErrorCode.topic_authorization_failed
+        return p, committed.get((name, p)), ErrorCode.none
+
     return ErrorCode.none, [
-        (
-            name,
-            key,
-            [
-                (p, committed.get((name, p)), ErrorCode.none)
-                if name is not None
-                else (p, None, ErrorCode.unknown_topic_id)
-                for p in parts
-            ],
-        )
-        for name, key, parts in wanted
+        (name, key, [fetched(name, p) for p in parts]) for name, key, parts in wanted
     ]
 
 
@@ -321,6 +332,8 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
         )
 
     async def run() -> Any:
+        if not ctx.allows(Operation.DELETE, ResourceType.GROUP, group_id):
+            return answer(ErrorCode.group_authorization_failed)
         stored = await store.load(group_id) if group_id else None
         if stored is None:
             return answer(ErrorCode.group_id_not_found)
@@ -328,9 +341,12 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
         codes: dict[tuple[str, int], ErrorCode] = {}
         deletable = []
         for t in request.topics:
+            readable = _may_read_topic(ctx, t.name)
             for p in t.partitions:
                 tp = (t.name, int(p.partition_index))
-                if t.name in subscribed:
+                if not readable:
+                    codes[tp] = ErrorCode.topic_authorization_failed
+                elif t.name in subscribed:
                     codes[tp] = ErrorCode.group_subscribed_to_topic
                 else:
                     codes[tp] = ErrorCode.none
@@ -339,6 +355,14 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
         return answer(ErrorCode.none, codes)
 
     return await guarded(lambda code: answer(code), run())
+
+
+def _may_read_topic(ctx: RequestContext, topic: str) -> bool:
+    return ctx.allows(Operation.READ, ResourceType.TOPIC, topic)
+
+
+def _may_describe_topic(ctx: RequestContext, topic: str) -> bool:
+    return ctx.allows(Operation.DESCRIBE, ResourceType.TOPIC, topic)
 
 
 def _subscribed_topics(group: Group) -> set[str]:

@@ -26,6 +26,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.cluster import client_zone
 from icefloe.errors import IcefloeError
+from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.topics import internal
 from icefloe.topics.configs import effective_value, split_list
@@ -69,6 +70,8 @@ async def _delete_records(
     ctx: RequestContext, topic_name: str, partition: int, offset: int
 ) -> tuple[ErrorCode, int]:
     """(error, low watermark) of one partition's deletion."""
+    if not ctx.allows(Operation.DELETE, ResourceType.TOPIC, topic_name):
+        return ErrorCode.topic_authorization_failed, _UNKNOWN
     topic = await ctx.broker.topics.get(topic_name)
     if topic is None and internal.is_internal(topic_name):
         return internal.delete_records_refused()[0], _UNKNOWN
@@ -93,12 +96,26 @@ async def handle_describe_producers(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     topics = []
     for topic in request.topics:
-        found = await ctx.broker.topics.get(topic.name)
+        allowed = ctx.allows(Operation.READ, ResourceType.TOPIC, topic.name)
+        found = await ctx.broker.topics.get(topic.name) if allowed else None
         answers = []
         for index in dict.fromkeys(int(i) for i in topic.partition_indexes):
-            answers.append(await _producers(ctx, module, found, topic.name, index))
+            if allowed:
+                answers.append(await _producers(ctx, module, found, topic.name, index))
+            else:
+                answers.append(_producers_refused(module, topic.name, index))
         topics.append(make(module.TopicResponse, name=topic.name, partitions=tuple(answers)))
     return make(module.DescribeProducersResponse, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+
+def _producers_refused(module: Any, name: str, index: int) -> Any:
+    return make(
+        module.PartitionResponse,
+        partition_index=index,
+        error_code=ErrorCode.topic_authorization_failed,
+        error_message=f"not allowed to read topic {name!r}",
+        active_producers=(),
+    )
 
 
 async def _producers(
@@ -143,6 +160,13 @@ async def _producers(
 async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     broker = ctx.broker
+    if not ctx.allows(Operation.DESCRIBE, ResourceType.CLUSTER):
+        return make(
+            module.DescribeLogDirsResponse,
+            throttle_time=_NO_THROTTLE,
+            error_code=ErrorCode.cluster_authorization_failed,
+            results=(),
+        )
     wanted: list[tuple[Topic, Sequence[int]]] = []
     if request.topics is None:
         wanted = [(t, range(t.partitions)) for t in broker.topics.cached()]

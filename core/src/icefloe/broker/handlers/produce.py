@@ -29,6 +29,7 @@ from icefloe.broker.handlers import partitions
 from icefloe.broker.protocol import make
 from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
 from icefloe.errors import IcefloeError, KafkaError
+from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage import batch
 from icefloe.topics import internal
 from icefloe.topics.configs import (
@@ -98,14 +99,21 @@ async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
     refusal = _refusal(request)
     targets = []
     for topic in request.topic_data:
+        allowed = ctx.allows(Operation.WRITE, ResourceType.TOPIC, topic.name)
         for data in topic.partition_data:
             target = _Partition(topic.name, data.index)
             if refusal is not None:
                 target.fail(*refusal)
+            elif not allowed:
+                target.fail(ErrorCode.topic_authorization_failed, _not_allowed(topic.name))
             else:
                 await _submit(ctx, target, data.records or b"")
             targets.append(target)
     return targets
+
+
+def _not_allowed(topic: str) -> str:
+    return f"not allowed to write to topic {topic!r}"
 
 
 def _refusal(request: Any) -> tuple[ErrorCode, str] | None:

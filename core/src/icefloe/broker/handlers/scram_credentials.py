@@ -2,8 +2,9 @@
 Kafka protocol, as ``kafka-configs --alter --entity-type users`` and the Admin clients manage
 them. A client sends a salt and the salted password, never the password.
 
-Until Icefloe has ACLs, any client that can connect may manage users, as in Kafka without an
-authorizer: keep a listener that does not require a login away from untrusted networks.
+Listing users takes DESCRIBE on the cluster and changing them ALTER, when ACLs are on
+(``[security.acls]``); with them off, any client that can connect may manage users, as in
+Kafka without an authorizer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
+from icefloe.security.acls import Operation, ResourceType
 from icefloe.security.users import (
     MAX_ITERATIONS,
     MAX_USER_NAME,
@@ -47,6 +49,14 @@ async def handle_describe_user_scram_credentials(ctx: RequestContext, request: A
     module = ctx.response_module()
     users = ctx.broker.users
     results = []
+    if not ctx.allows(Operation.DESCRIBE, ResourceType.CLUSTER):
+        return make(
+            module.DescribeUserScramCredentialsResponse,
+            throttle_time=_NO_THROTTLE,
+            error_code=ErrorCode.cluster_authorization_failed,
+            error_message="listing users takes DESCRIBE on the cluster",
+            results=(),
+        )
     if request.users is None:
         for name, credentials in sorted((await users.users()).items()):
             results.append(_described(module, name, credentials))
@@ -116,6 +126,9 @@ async def handle_alter_user_scram_credentials(ctx: RequestContext, request: Any)
     def fail(name: str, error: ErrorCode, message: str) -> None:
         outcome.setdefault(name, (error, message))
 
+    if not ctx.allows(Operation.ALTER, ResourceType.CLUSTER):
+        for name, _ in pairs:
+            fail(name, ErrorCode.cluster_authorization_failed, "changing users takes ALTER")
     # Check everything first: a user's changes are applied only if all of them are valid.
     for name in repeated:
         fail(

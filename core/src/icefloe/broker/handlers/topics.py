@@ -25,6 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
+from icefloe.security.acls import Operation, ResourceType
 from icefloe.topics import configs as topic_configs
 from icefloe.topics import internal
 from icefloe.topics.registry import MAX_PARTITIONS, Topic, TopicError, validate_topic_name
@@ -78,6 +79,16 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
 
 async def _create_one(ctx: RequestContext, module: Any, wanted: Any, validate_only: bool) -> Any:
     registry = ctx.broker.topics
+    if not (
+        ctx.allows(Operation.CREATE, ResourceType.CLUSTER)
+        or ctx.allows(Operation.CREATE, ResourceType.TOPIC, wanted.name)
+    ):
+        return _create_failed(
+            module,
+            wanted.name,
+            ErrorCode.topic_authorization_failed,
+            f"not allowed to create topic {wanted.name!r}",
+        )
     try:
         new = _plan(ctx, wanted)
         if validate_only:
@@ -163,7 +174,8 @@ def _created(ctx: RequestContext, module: Any, new: _NewTopic, topic_id: uuid.UU
     """A success result; v5+ carries the topic's partitions, replication factor and configs."""
     config_class = getattr(module, "CreatableTopicConfigs", None)  # v5+
     configs = None
-    if config_class is not None:
+    hidden = not ctx.allows(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, new.name)
+    if config_class is not None and not hidden:
         configs = tuple(
             make(
                 config_class,
@@ -184,6 +196,9 @@ def _created(ctx: RequestContext, module: Any, new: _NewTopic, topic_id: uuid.UU
         num_partitions=new.partitions,
         replication_factor=REPORTED_REPLICATION_FACTOR,
         configs=configs,
+        topic_config_error_code=(
+            ErrorCode.topic_authorization_failed if hidden else ErrorCode.none
+        ),
     )
 
 
@@ -251,6 +266,9 @@ async def _delete_one(
             return ErrorCode.unknown_topic_id, f"no topic has id {topic_id}", None, topic_id
         name = topic.name
     assert name is not None
+    if not ctx.allows(Operation.DELETE, ResourceType.TOPIC, name):
+        message = f"not allowed to delete topic {name!r}"
+        return ErrorCode.topic_authorization_failed, message, name, topic_id
     try:
         deleted = await ctx.broker.topics.delete(name)
     except TopicError as exc:
@@ -289,6 +307,8 @@ async def _grow(
     ctx: RequestContext, wanted: Any, validate_only: bool
 ) -> tuple[ErrorCode, str | None]:
     registry = ctx.broker.topics
+    if not ctx.allows(Operation.ALTER, ResourceType.TOPIC, wanted.name):
+        return ErrorCode.topic_authorization_failed, f"not allowed to alter {wanted.name!r}"
     try:
         if internal.is_internal(wanted.name):
             raise TopicError(*internal.change_refused("partitions"))
