@@ -5,6 +5,8 @@ API (CreateAcls, DescribeAcls, DeleteAcls)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG, TOOL_TIMEOUT_S
 from tests.integration.test_security import icefloe_users
 from tests.support.broker import RunningIcefloe, start_icefloe
 
@@ -319,3 +322,61 @@ def test_without_acls_enabled_managing_them_says_so(tmp_path: Path) -> None:
     finally:
         admin.close()
         running.stop()
+
+
+def java(*args: str) -> subprocess.CompletedProcess[str]:
+    """A class from Kafka 4.1's jars (the tools' test fetches them), run to completion."""
+    executable = shutil.which("java")
+    assert executable is not None, "`java` is not on PATH: run scripts/install-servers"
+    assert (LIB / ".complete").exists(), f"Kafka's jars are missing from {LIB}"
+    command = [executable, "-Xmx256m", "-XX:TieredStopAtLevel=1"]
+    command += [f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", f"{LIB}/*", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+
+
+def login_properties(cluster: Cluster, user: str, folder: Path) -> Path:
+    path = folder / f"{user}.properties"
+    path.write_text(
+        "security.protocol=SASL_PLAINTEXT\n"
+        "sasl.mechanism=SCRAM-SHA-256\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{PASSWORDS[user]}";\n'
+    )
+    return path
+
+
+def test_kafka_acls_and_the_java_producer(cluster: Cluster, tmp_path: Path) -> None:
+    admin = login_properties(cluster, "admin", tmp_path)
+    acls = ["org.apache.kafka.tools.AclCommand", "--bootstrap-server", cluster.icefloe.bootstrap]
+    acls += ["--command-config", str(admin)]
+    added = java(*acls, "--add", "--allow-principal", "User:bob", "--operation", "Write",
+                 "--topic", "java-", "--resource-pattern-type", "prefixed")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    listed = java(*acls, "--list", "--topic", "java-", "--resource-pattern-type", "prefixed")
+    assert "principal=User:bob, host=*, operation=WRITE, permissionType=ALLOW" in listed.stdout
+
+    def java_producer(user: str, topic: str) -> subprocess.CompletedProcess[str]:
+        # Idempotent by default: InitProducerId needs WRITE on some topic.
+        login = login_properties(cluster, user, tmp_path)
+        return java(
+            "org.apache.kafka.tools.ProducerPerformance",
+            "--topic", topic, "--num-records", "10", "--record-size", "100",
+            "--throughput", "-1", "--producer.config", str(login),
+            "--producer-props", f"bootstrap.servers={cluster.icefloe.bootstrap}",
+            "max.block.ms=15000", "delivery.timeout.ms=15000", "request.timeout.ms=10000",
+        )  # fmt: skip
+
+    creator = cluster.admin("admin")
+    creator.create_topics([NewTopic("java-orders", 1)])["java-orders"].result(30)
+    allowed = java_producer("bob", "java-orders")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert "10 records sent" in allowed.stdout
+    denied = java_producer("alice", "java-orders")
+    assert "TopicAuthorizationException" in denied.stdout + denied.stderr
+
+    removed = java(*acls, "--remove", "--force", "--allow-principal", "User:bob",
+                   "--operation", "Write", "--topic", "java-", "--resource-pattern-type",
+                   "prefixed")  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+    listed = java(*acls, "--list", "--topic", "java-", "--resource-pattern-type", "prefixed")
+    assert "User:bob" not in listed.stdout

@@ -240,3 +240,16 @@ def test_a_client_certificate_names_its_principal_as_kafka_does() -> None:
     assert certificate_principal(certificate) == r"User:CN=alice,OU=eng,O=Acme\, Inc.,C=US"
     assert certificate_principal({}) is None
     assert certificate_principal(None) is None
+
+
+async def test_a_name_too_long_to_store_is_refused_before_anything_is_stored(
+    metadata: MetadataStore,
+) -> None:
+    store = AclStore(metadata)
+    await store.start()
+    try:
+        with pytest.raises(ValueError, match="too long"):
+            await store.add([acl("t", Operation.READ), acl("\u4e2d" * 400, Operation.READ)])
+        assert store.matching(AclFilter()) == []
+    finally:
+        await store.close()

@@ -18,7 +18,13 @@ import msgpack
 
 from icefloe.errors import ConflictError, CorruptDataError
 from icefloe.keyspace import ACLS, prefix_end
-from icefloe.ports.metadata import MUST_NOT_EXIST, Follower, MetadataStore, WatchEvent
+from icefloe.ports.metadata import (
+    MAX_KEY_BYTES,
+    MUST_NOT_EXIST,
+    Follower,
+    MetadataStore,
+    WatchEvent,
+)
 from icefloe.security.acls import (
     Acl,
     AclFilter,
@@ -88,6 +94,8 @@ class AclStore:
         """Store the ACLs (those already there stay as they are)."""
         by_resource: dict[Resource, set[Entry]] = {}
         for acl in acls:
+            if len(_key(acl.resource).encode()) > MAX_KEY_BYTES:
+                raise ValueError(f"resource name {acl.resource.name[:40]!r}… is too long")
             by_resource.setdefault(acl.resource, set()).add(acl.entry)
         for resource, entries in by_resource.items():
 
