@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -14,10 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import trustme
 
 from icefloe.broker.broker import Broker
 from icefloe.broker.observability import LIVENESS_TIMEOUT_S
 from icefloe.config import load_config
+from icefloe.errors import ConfigError
 from tests.support.http import get
 
 
@@ -77,3 +80,56 @@ async def test_garbage_and_idle_peers_do_not_stop_the_endpoints(broker: Broker) 
     status, text = await asyncio.to_thread(get, endpoint(broker, "/metrics"))
     assert status == 200
     assert "icefloe_memory_used_bytes" in text
+
+
+async def test_the_endpoints_are_served_over_tls_when_asked(tmp_path: Path) -> None:
+    authority = trustme.CA()
+    authority.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+        str(tmp_path / "broker.pem")
+    )
+    config = load_config(
+        env={},
+        overrides={
+            "data_dir": str(tmp_path / "data"),
+            "compactor": {"enabled": False},
+            "metrics": {"tls": True},
+            "security": {"tls": {"certfile": str(tmp_path / "broker.pem")}},
+        },
+    )
+    broker = await Broker.open(config)
+    await broker.start(port=0, metrics_port=0)
+    try:
+        url = f"https://127.0.0.1:{broker.me.metrics_port}/livez"
+        trusting = ssl.create_default_context()
+        authority.configure_trust(trusting)
+
+        def fetch(context: ssl.SSLContext | None, address: str = url) -> str:
+            with urllib.request.urlopen(address, timeout=30, context=context) as response:
+                return str(response.read().decode())
+
+        assert (await asyncio.to_thread(fetch, trusting)).startswith("ok")
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            await asyncio.to_thread(fetch, ssl.create_default_context())
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            await asyncio.to_thread(fetch, None, url.replace("https", "http"))
+        # A failed handshake cost the endpoints nothing.
+        assert (await asyncio.to_thread(fetch, trusting)).startswith("ok")
+    finally:
+        await broker.stop()
+
+
+async def test_tls_endpoints_without_a_certificate_name_the_setting(tmp_path: Path) -> None:
+    config = load_config(
+        env={},
+        overrides={
+            "data_dir": str(tmp_path),
+            "compactor": {"enabled": False},
+            "metrics": {"tls": True},
+        },
+    )
+    broker = await Broker.open(config)
+    try:
+        with pytest.raises(ConfigError, match=r"\[security.tls\] certfile"):
+            await broker.start(port=0, metrics_port=0)
+    finally:
+        await broker.stop()

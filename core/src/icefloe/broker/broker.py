@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 from typing import Self
 
 from icefloe.broker.memory import ByteBudget, client_data_bytes
@@ -16,7 +17,7 @@ from icefloe.cluster import BrokerInfo, Cluster
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
 from icefloe.config.broker import BrokerOptions
-from icefloe.errors import IcefloeError
+from icefloe.errors import ConfigError, IcefloeError
 from icefloe.groups.coordinator import GroupCoordinator
 from icefloe.security import tls
 from icefloe.security.acl_store import AclStore
@@ -99,7 +100,7 @@ class Broker:
         if metrics_port is not None:
             self.endpoints = OperatorEndpoints(self)
             host = self.config.metrics.host or self.options.host
-            bound_metrics = self.endpoints.start(host, metrics_port)
+            bound_metrics = self.endpoints.start(host, metrics_port, self._metrics_tls())
         advertised = self.options.advertised_host or self.options.host
         info = await self.cluster.join(
             advertised, bound, self.options.zone, self.options.node_id, bound_metrics, listeners
@@ -113,6 +114,16 @@ class Broker:
             )
         log.info("broker %d listening on %s:%d", info.node_id, advertised, bound)
         return info
+
+    def _metrics_tls(self) -> ssl.SSLContext | None:
+        if not self.config.metrics.tls:
+            return None
+        if self.config.security.tls.certfile is None:
+            raise ConfigError(
+                "[metrics] tls = true needs a certificate: set [security.tls] certfile "
+                "(and keyfile)"
+            )
+        return tls.server_context(self.config.security.tls)
 
     async def _listen(self, port: int, index: int) -> tuple[tuple[str, str, int], ...]:
         """Open every listener; return (name, advertised host, port) of each, main first."""

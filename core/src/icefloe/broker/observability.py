@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
+import ssl
 import threading
 import time
 import wsgiref.simple_server
@@ -66,13 +68,15 @@ class OperatorEndpoints:
         self._remove_source: Callable[[], None] | None = None
         self._lag_labels: set[tuple[str, str, str]] = set()
 
-    def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port); return the bound port."""
+    def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on ``host:port`` (0: any free port), over HTTPS with ``tls``; return the
+        bound port."""
         self._loop = asyncio.get_running_loop()
         try:
             self._server = wsgiref.simple_server.make_server(
                 host, port, self._app, server_class=_Server, handler_class=_QuietHandler
             )
+            self._server.tls = tls
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve metrics on {host}:{port}: {exc.strerror}; choose another port "
@@ -237,6 +241,21 @@ def _text(status: str, text: str) -> Response:
 
 
 class _Server(wsgiref.simple_server.WSGIServer):
+    tls: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """The next connection, its TLS handshake done within the request timeout (a failed
+        or slow handshake drops the connection: ``OSError`` is how the server skips one)."""
+        connection, address = super().get_request()
+        if self.tls is None:
+            return connection, address
+        connection.settimeout(REQUEST_TIMEOUT_S)
+        try:
+            return self.tls.wrap_socket(connection, server_side=True), address
+        except OSError:
+            connection.close()
+            raise
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A peer that hangs up or times out is its own problem, not a traceback in the log."""
         log.debug("operator endpoint request from %s failed", client_address, exc_info=True)

@@ -185,7 +185,9 @@ def serve(config: Config, brokers: int) -> int:
         metrics_host = config.metrics.host or host
         print(
             "Metrics and health: "
-            + ", ".join(f"http://{metrics_host}:{m}/metrics" for m in metrics_ports),
+            + ", ".join(
+                f"{config.metrics.scheme}://{metrics_host}:{m}/metrics" for m in metrics_ports
+            ),
             flush=True,
         )
     further = [f"{n}://{h}:{p}" for *_, listeners in started for n, h, p in listeners[1:]]

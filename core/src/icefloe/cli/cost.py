@@ -83,7 +83,7 @@ async def _report(
     no_storage: bool,
     as_json: bool,
 ) -> None:
-    urls = urls or await _registered_urls(storage)
+    urls = urls or await _registered_urls(storage, config.metrics.scheme)
     if not urls:
         raise IcefloeError(
             "no running broker serves metrics: start `icefloe serve` here (with [metrics] "
@@ -124,11 +124,11 @@ def _requests_per_gb(config: Config, counters: Counters) -> float | None:
     return report.dollars_per_gb()["requests"]
 
 
-async def _registered_urls(storage: StreamStorage) -> list[str]:
+async def _registered_urls(storage: StreamStorage, scheme: str) -> list[str]:
     from icefloe.cluster import registered_brokers
 
     return [
-        f"http://{b.host}:{b.metrics_port}/metrics"
+        f"{scheme}://{b.host}:{b.metrics_port}/metrics"
         for b in sorted(await registered_brokers(storage.metadata), key=lambda b: b.node_id)
         if b.metrics_port is not None
     ]

@@ -16,3 +16,10 @@ class MetricsOptions(BaseModel):
     port: int = Field(default=9644, ge=0, le=65535)
     """Port of the first broker's endpoints; with ``--brokers N`` the others take the next
     N-1 ports. 0 picks free ports (``serve`` prints them)."""
+    tls: bool = False
+    """Serve them over HTTPS with the Kafka listeners' certificate (``[security.tls]``),
+    asking scrapers for a client certificate as ``client_auth`` says."""
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
