@@ -1,5 +1,5 @@
-"""The client scenario on every metadata and object-store backend: `icefloe serve` configured by
-environment variables that change nothing but the backend and its connection settings."""
+"""The client scenario on every metadata, object-store and WAL backend: `icefloe serve` configured
+by environment variables that change nothing but the backend and its connection settings."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, TopicPartition
 
+from tests.support.bookkeeper import shared_bookkeeper
 from tests.support.broker import start_icefloe
 from tests.support.metadata_servers import shared_etcd, shared_oxia
 from tests.support.object_servers import OPTIONS
@@ -34,12 +35,17 @@ def object_store_options(backend: str) -> dict[str, Any]:
     return OPTIONS[backend](f"e2e-{uuid.uuid4().hex[:8]}")
 
 
+def wal_options(backend: str) -> dict[str, Any]:
+    return shared_bookkeeper().wal_options(f"e2e-{uuid.uuid4().hex[:8]}")
+
+
 BACKENDS: list[tuple[str, str, Callable[[str], dict[str, Any]]]] = [
     ("metadata", "etcd", metadata_options),
     ("metadata", "oxia", metadata_options),
     ("object_store", "s3", object_store_options),
     ("object_store", "gcs", object_store_options),
     ("object_store", "azure", object_store_options),
+    ("wal", "bookkeeper", wal_options),
 ]
 
 

@@ -12,6 +12,7 @@ A cluster that cannot start raises: the test errors, it is never skipped.
 from __future__ import annotations
 
 import atexit
+import shutil
 import signal
 import socket
 import subprocess
@@ -133,9 +134,9 @@ class BookKeeperCluster:
         self.zookeeper.stop()
 
     def discard(self) -> None:
-        for bookie in self.bookies:
-            bookie.discard()
-        self.zookeeper.discard()
+        """Stop every server, then delete the cluster's folder."""
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _bookie(self, index: int) -> ServerProcess:
         port = self.bookie_ports[index]

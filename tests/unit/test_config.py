@@ -10,7 +10,7 @@ from pydantic import SecretStr
 from icefloe import config as configuration
 from icefloe.config import load_config, resolve, resolve_one
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
-from icefloe.errors import BackendNotInstalledError, ConfigError
+from icefloe.errors import ConfigError
 from icefloe.plugins import BackendRegistry, get_plugin_manager, hookimpl
 from icefloe.plugins.spec import BackendSpec
 from icefloe.ports import WAL, CompactionEngine, MetadataStore, TableFormat
@@ -82,11 +82,11 @@ def test_unknown_backend_lists_the_valid_choices() -> None:
     assert "ICEFLOE_METADATA__BACKEND" in message
 
 
-def test_a_backend_not_available_yet_is_named_as_such() -> None:
-    config = load_config(env={"ICEFLOE_WAL__BACKEND": "bookkeeper"})
-    with pytest.raises(BackendNotInstalledError) as exc:
-        resolve(config, WAL)
-    assert "'bookkeeper' is planned but not available yet" in one_line(exc)
+def test_the_bookkeeper_wal_is_a_backend_with_its_own_options() -> None:
+    config = load_config(
+        env={"ICEFLOE_WAL__BACKEND": "bookkeeper", "ICEFLOE_WAL__BOOKKEEPER__ENSEMBLE": "3"}
+    )
+    assert resolve_one(config, WAL).options.ensemble == 3
 
 
 def test_unknown_top_level_key_is_named_with_a_suggestion(tmp_path: Path) -> None:

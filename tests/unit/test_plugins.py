@@ -12,7 +12,6 @@ from icefloe.embedded import plugin as embedded_plugin
 from icefloe.errors import BackendNotInstalledError, ConfigError, DuplicateBackendError, PluginError
 from icefloe.plugins import (
     KNOWN_BACKENDS,
-    PLANNED,
     PROJECT,
     BackendRegistry,
     get_plugin_manager,
@@ -83,17 +82,24 @@ def test_known_backend_not_installed_names_both_ways_to_install_it() -> None:
 
 def test_every_known_distribution_has_its_folder_in_the_repository() -> None:
     root = Path(__file__).resolve().parents[2]
-    for kind, backends in KNOWN_BACKENDS.items():
-        for name, distribution in backends.items():
-            if distribution == "icefloe" or (kind, name) in PLANNED:
+    for backends in KNOWN_BACKENDS.values():
+        for distribution in backends.values():
+            if distribution == "icefloe":
                 continue
             folder = distribution.removeprefix("icefloe-").replace("-", "_")
             assert (root / "plugins" / folder / "pyproject.toml").is_file(), distribution
 
 
-def test_a_planned_backend_is_not_available_yet() -> None:
-    with pytest.raises(BackendNotInstalledError, match="planned but not available yet"):
-        BackendRegistry().get(PortKind.WAL, "bookkeeper")
+def test_the_bookkeeper_wal_not_installed_names_both_ways_to_install_it() -> None:
+    bare = pluggy.PluginManager(PROJECT)
+    bare.add_hookspecs(hookspecs)
+    bare.register(embedded_plugin)
+    with pytest.raises(BackendNotInstalledError) as caught:
+        BackendRegistry(bare).get(PortKind.WAL, "bookkeeper")
+    assert str(caught.value) == (
+        "the wal backend 'bookkeeper' is not installed: run `pip install icefloe-wal-bookkeeper` "
+        "(from a source checkout of Icefloe: `pip install ./plugins/wal_bookkeeper`)"
+    )
 
 
 def test_target_must_name_module_and_class() -> None:

@@ -48,9 +48,6 @@ KNOWN_BACKENDS: Final[dict[PortKind, dict[str, str]]] = {
 }
 """Backend names used across the project, with the distribution that provides each."""
 
-PLANNED: Final[frozenset[tuple[PortKind, str]]] = frozenset({(PortKind.WAL, "bookkeeper")})
-"""Backends of the design that no distribution provides yet."""
-
 
 def install_hint(distribution: str) -> str:
     """How to install a plugin distribution, from an index or from a source checkout."""
@@ -159,18 +156,12 @@ class BackendRegistry:
 
         Raises:
             BackendNotInstalledError: a known backend whose distribution is not installed (the
-                message gives the ``pip install`` to run), or one not available yet.
+                message gives the ``pip install`` to run).
             ConfigError: an unknown name; the message lists the valid choices.
         """
         backend = self._backends.get((kind, name))
         if backend is not None:
             return backend
-        if (kind, name) in PLANNED:
-            available = ", ".join(b.name for b in self.installed(kind))
-            raise BackendNotInstalledError(
-                f"the {kind} backend {name!r} is planned but not available yet; "
-                f"installed: {available}"
-            )
         distribution = KNOWN_BACKENDS[kind].get(name)
         if distribution is not None:
             raise BackendNotInstalledError(

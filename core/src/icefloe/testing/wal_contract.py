@@ -6,7 +6,7 @@ A backend opts in with a small class in its tests::
         backend_name = "bookkeeper"
 
         def backend_options(self, workdir, unique):
-            return {"metadata_service": ZK_URL, "namespace": unique}
+            return {"metadata_service_uri": ZK_URI, "namespace": unique}
 
         async def open_object_store(self, workdir, unique):
             return None  # not layered on an object store

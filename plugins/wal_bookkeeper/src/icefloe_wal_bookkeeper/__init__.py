@@ -1,0 +1,1 @@
+"""Icefloe's WAL on Apache BookKeeper ledgers (``[wal] backend = "bookkeeper"``)."""
