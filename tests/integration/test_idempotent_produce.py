@@ -8,6 +8,7 @@ written, through another broker) and check what is stored behind the brokers.
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.static.primitive import i16, i64
 
+from icefloe.storage.records import Record, build_batch
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.kafka_clients import CLIENTS, Message, consume, produce
 from tests.support.kafka_wire import KafkaWire, batch_of, produce_request
@@ -142,18 +144,32 @@ def test_producer_ids_are_unique_across_brokers(two_brokers: RunningIcefloe) -> 
     assert len({a.producer_id for a in answers}) == len(answers)
 
 
-def test_a_transactional_id_is_refused_with_a_fatal_error(two_brokers: RunningIcefloe) -> None:
+def test_a_transactional_id_gets_a_producer_id_and_each_new_instance_a_newer_epoch(
+    two_brokers: RunningIcefloe,
+) -> None:
     with KafkaWire(two_brokers.bootstrap) as wire:
-        answer = init_producer_id(wire, transactional_id="orders")
+        first = init_producer_id(wire, transactional_id="orders")
+        second = init_producer_id(wire, transactional_id="orders")
 
-    assert answer.error_code == ErrorCode.transactional_id_authorization_failed
-    assert answer.producer_id == -1
+    assert first.error_code == second.error_code == ErrorCode.none
+    assert second.producer_id == first.producer_id >= 0
+    assert second.producer_epoch == first.producer_epoch + 1
 
 
-def test_a_transactional_produce_is_refused_and_not_stored(two_brokers: RunningIcefloe) -> None:
+def test_transactional_records_outside_a_transaction_are_refused_and_not_stored(
+    two_brokers: RunningIcefloe,
+) -> None:
     with KafkaWire(two_brokers.bootstrap) as wire:
-        answer = produce_answer(wire, batch_of([b"x"]), transactional_id="orders")
+        producer = init_producer_id(wire, transactional_id="strays")
+        records = build_batch(
+            [Record(0, int(time.time() * 1000), None, b"x")],
+            producer_id=producer.producer_id,
+            producer_epoch=producer.producer_epoch,
+            base_sequence=0,
+            is_transactional=True,
+        )
+        # No AddPartitionsToTxn first: the partition is in no transaction of this producer.
+        answer = produce_answer(wire, records, transactional_id="strays")
 
-    assert answer.error_code == ErrorCode.transactional_id_authorization_failed
-    assert "not supported" in (answer.error_message or "")
+    assert answer.error_code == ErrorCode.invalid_txn_state
     assert log_end(two_brokers, TOPIC, 0) == 0

@@ -165,6 +165,9 @@ class Cluster:
     def coordinator(self, group: str, zone: str | None) -> BrokerInfo:
         return rendezvous_owner(f"group/{group}", self.brokers_for(zone))
 
+    def transaction_coordinator(self, transactional_id: str, zone: str | None) -> BrokerInfo:
+        return rendezvous_owner(f"transaction/{transactional_id}", self.brokers_for(zone))
+
     def live(self) -> list[BrokerInfo]:
         """Every live broker, by node id."""
         return self.brokers_for(None)

@@ -29,6 +29,8 @@ GROUP_OFFSETS: Final = "group-offsets/"
 COMPACTION: Final = "compaction/"
 USERS: Final = "users/"
 ACLS: Final = "acls/"
+TRANSACTIONS: Final = "transactions/"
+TXN_OPEN: Final = "txn-open/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,13 @@ KEYSPACE: Final = (
         "icefloe.storage.producers",
         "msgpack lease of an idempotent producer on the stream, with its last batches",
         readers=("icefloe.storage.keys",),
+    ),
+    Prefix(
+        "STREAMS",
+        STREAMS,
+        "streams/<stream id>/txn-aborted/<marker offset, 20 digits>",
+        "icefloe.storage.transactions",
+        "msgpack [producer id, first offset bound]: an aborted transaction's records in the stream",
     ),
     Prefix(
         "STREAM_NAMES",
@@ -198,6 +207,22 @@ KEYSPACE: Final = (
         "icefloe.security.acl_store",
         "msgpack [[principal, host, operation code, permission code], ...]: every ACL on one "
         "resource pattern",
+    ),
+    Prefix(
+        "TRANSACTIONS",
+        TRANSACTIONS,
+        "transactions/<transactional id, percent-encoded>",
+        "icefloe.transactions.coordinator",
+        "msgpack transaction state: producer id and epoch, state, partitions, groups, pending "
+        "offsets",
+    ),
+    Prefix(
+        "TXN_OPEN",
+        TXN_OPEN,
+        "txn-open/<stream id>/<producer id, 20 digits>",
+        "icefloe.storage.transactions",
+        "msgpack [epoch, first offset bound, transactional id]: a transaction that may write to "
+        "the stream (the last stable offset is the least bound)",
     ),
 )
 """Every key family, in the order ``docs/design.md`` shows them."""

@@ -26,6 +26,7 @@ from icefloe.security.oauthbearer import TokenValidator
 from icefloe.security.users import UserStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
+from icefloe.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class Broker:
         self.memory = ByteBudget(client_data_bytes(self.options, config.storage))
         """Memory for requests and responses in flight, over every connection."""
         self.server = KafkaServer(self, self.memory)
+        self.transactions = TransactionCoordinator(
+            storage.metadata, storage, self.topics, self.groups.store
+        )
         self.users = UserStore(storage.metadata)
         self.acls = AclStore(storage.metadata)
         self.authorizer = Authorizer(config.security.acls, self.acls)
@@ -106,6 +110,7 @@ class Broker:
             advertised, bound, self.options.zone, self.options.node_id, bound_metrics, listeners
         )
         await self.groups.start()
+        await self.transactions.start()
         self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
         if self.config.compactor.enabled and self.config.compaction.backend:
             self._compactor = await Compactor.open(self.config, self.storage, self.topics)
@@ -157,6 +162,7 @@ class Broker:
         await self.server.close()
         if self.endpoints is not None:
             await self.endpoints.close()
+        await self.transactions.stop()
         await self.groups.stop()  # hands this broker's group leases over at once
         await self.storage.flush()
         await self.cluster.leave()

@@ -47,6 +47,7 @@ from icefloe.storage.producers import ProducerStates
 from icefloe.storage.reader import OffsetOutOfRange, ReadResult, StreamReader
 from icefloe.storage.recent import RecentWalObjects
 from icefloe.storage.records import Record, build_batch, decode_batch, recompress
+from icefloe.storage.transactions import TransactionMarks
 from icefloe.storage.writer import ValidBatch, WalWriter
 
 P = TypeVar("P", bound=Port)
@@ -74,6 +75,8 @@ class StreamStorage:
         """The only writer of index entries (the writer, compaction and retention use it)."""
         self._recent = RecentWalObjects(options.wal_cache_bytes)
         self.producers = ProducerStates(metadata, self.index, options.producer_lease_s)
+        self.transactions = TransactionMarks(metadata)
+        """Open and aborted transactions per stream (written by the transaction coordinator)."""
         self._writer = WalWriter(wal, self.offset_index, options, self._recent, self.producers)
         self._reader = StreamReader(
             wal, object_store, self.index, self._recent, options.rebuilt_cache_bytes
@@ -117,13 +120,15 @@ class StreamStorage:
         return self._writer.profile
 
     async def start(self) -> None:
-        """Follow index notifications (cache invalidation, long polls)."""
+        """Follow index notifications (cache invalidation, long polls) and open transactions."""
         await self.index.start()
+        await self.transactions.start()
 
     async def close(self) -> None:
         """Commit what is buffered, stop background work, close the ports this opened."""
         await self._writer.close()
         await self.producers.close()
+        await self.transactions.close()
         await self.index.close()
         for port in self._owned:
             await port.close()
@@ -157,6 +162,7 @@ class StreamStorage:
         record = await self.metadata.get(keys.stream_record(stream_id))
         await self.offset_index.drop(stream_id)
         await self.producers.drop(stream_id)
+        await self.transactions.drop(stream_id)
         await self.metadata.delete(keys.stream_record(stream_id))
         if record is not None:
             name = msgpack.unpackb(record.value, raw=False)["name"]
@@ -232,6 +238,12 @@ class StreamStorage:
             for chunk, info in zip(chunks, infos, strict=True)
         ]
         return await self._writer.submit(stream_id, valid)
+
+    async def append_control(self, stream_id: int, data: bytes) -> int:
+        """Append a control batch (a transaction marker, made by the broker, never taken from a
+        client); return its offset once committed."""
+        batch = ValidBatch(data=memoryview(data), record_count=1)
+        return await (await self._writer.submit(stream_id, [batch]))
 
     async def append(
         self,

@@ -118,6 +118,7 @@ def build_batch(
     base_sequence: int = -1,
     timestamp_type: TimestampType = TimestampType.CREATE_TIME,
     is_transactional: bool = False,
+    is_control: bool = False,
     partition_leader_epoch: int = -1,
 ) -> bytes:
     """Encode records as one valid v2 record batch.
@@ -137,6 +138,7 @@ def build_batch(
         timestamp_type: log-append-time batches are read back with ``maxTimestamp`` as every
             record's timestamp (Kafka's rule), so pass the append time as the records'.
         is_transactional: sets the transactional attribute bit.
+        is_control: sets the control attribute bit (a transaction marker).
         partition_leader_epoch: written as is; it lies outside the CRC.
 
     Returns:
@@ -174,6 +176,8 @@ def build_batch(
         attributes |= 0x08
     if is_transactional:
         attributes |= 0x10
+    if is_control:
+        attributes |= 0x20
     batch = bytearray(HEADER_SIZE)
     batch += body
     try:

@@ -36,6 +36,7 @@ from icefloe.errors import IcefloeError
 from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange, ReadResult
+from icefloe.storage.transactions import cut_before, transactional_producers
 from icefloe.topics import internal
 
 _NO_THROTTLE = datetime.timedelta(0)
@@ -62,6 +63,9 @@ class _Partition:
     """Where the next read of this partition starts."""
     empty_log: bool = False
     """A partition of the internal topic: a log that never has a record."""
+    held_back_to: int | None = None
+    """For read_committed: where the records read end, when an open transaction's last stable
+    offset held some of them back (only data past this may let the read go further)."""
 
     @property
     def readable(self) -> bool:
@@ -81,7 +85,8 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     targets = [
         await _target(ctx, topic.topic, p) for topic in request.topics for p in topic.partitions
     ]
-    await _fill(ctx.broker.storage, ctx.held, targets, request)
+    committed = request.isolation_level != _READ_UNCOMMITTED
+    await _fill(ctx.broker.storage, ctx.held, targets, request, committed)
     return make(
         module.FetchResponse,
         throttle_time=_NO_THROTTLE,
@@ -118,7 +123,11 @@ async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
 
 
 async def _fill(
-    storage: StreamStorage, held: Held, targets: list[_Partition], request: Any
+    storage: StreamStorage,
+    held: Held,
+    targets: list[_Partition],
+    request: Any,
+    committed: bool,
 ) -> None:
     """Read every partition; while fewer than ``min_bytes`` came back, wait and read on.
 
@@ -131,7 +140,7 @@ async def _fill(
     size = 0
     while True:
         memory = _Memory(held, deadline - loop.time() if size == 0 else 0.0)
-        size, full = await _read_more(storage, memory, targets, request.max_bytes, size)
+        size, full = await _read_more(storage, memory, targets, request.max_bytes, size, committed)
         remaining = deadline - loop.time()
         # As in Kafka, an error in any partition answers the request at once; so does a
         # response that is full, or a partition that has more to read than its limit let in
@@ -144,7 +153,11 @@ async def _fill(
             or any(t.error is not ErrorCode.none for t in targets)
         ):
             return
-        waiting = [(t.stream_id, t.next_offset) for t in targets if t.stream_id is not None]
+        waiting = [
+            (t.stream_id, t.next_offset if t.held_back_to is None else t.held_back_to)
+            for t in targets
+            if t.stream_id is not None
+        ]
         if not waiting:
             if any(t.empty_log for t in targets):
                 # Only the internal topic's partitions, which never get data: wait as Kafka
@@ -173,11 +186,13 @@ async def _read_more(
     targets: list[_Partition],
     max_bytes: int,
     size: int,
+    committed: bool,
 ) -> tuple[int, bool]:
     """Read each partition on from where it stopped, within the limits and the memory free.
 
     Args:
         size: Bytes the earlier passes read.
+        committed: read_committed: stop at each partition's last stable offset.
 
     Returns:
         The bytes read in all, and whether the limits held back data that is there to read
@@ -197,6 +212,8 @@ async def _read_more(
             continue
         limit = min(limit, granted)
         result = await _read(storage, target, limit)
+        if committed and result is not None:
+            result = await _stable_part(storage, target, result)
         # The storage returns a whole first batch; only the response's first data may exceed.
         kept = result is not None and (size == 0 or len(result.data) <= limit)
         memory.held.settle(granted, len(result.data) if result is not None and kept else 0)
@@ -210,6 +227,27 @@ async def _read_more(
         else:
             full = True
     return size, full
+
+
+async def _stable_part(
+    storage: StreamStorage, target: _Partition, result: ReadResult
+) -> ReadResult | None:
+    """What read_committed may see of ``result``: the batches before the last stable offset.
+    Transactional data of a producer this broker knows no open transaction of is checked in
+    the store first: the notification of its transaction may not have arrived yet."""
+    assert target.stream_id is not None
+    marks = storage.transactions
+    stable = await marks.confirm_stable_offset(
+        target.stream_id, result.next_offset, transactional_producers(result.data)
+    )
+    if stable >= result.next_offset:
+        target.held_back_to = None
+        return result
+    target.held_back_to = result.next_offset
+    data = cut_before(result.data, stable)
+    if not data:
+        return None
+    return ReadResult(data, max(stable, target.next_offset))
 
 
 async def _read(storage: StreamStorage, target: _Partition, max_bytes: int) -> ReadResult | None:
@@ -238,6 +276,26 @@ async def _responses(
     )
 
 
+async def _aborted(storage: StreamStorage, module: Any, target: _Partition) -> tuple[Any, ...]:
+    """The aborted transactions whose records the data may hold, for the consumer to skip."""
+    producers = transactional_producers(target.data)
+    if not producers or target.stream_id is None:
+        return ()
+    try:
+        found = await storage.transactions.aborted(
+            target.stream_id, target.fetch_offset, target.next_offset
+        )
+    except IcefloeError as exc:
+        target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
+        target.data = b""
+        return ()
+    return tuple(
+        make(module.AbortedTransaction, producer_id=a.producer_id, first_offset=a.first_offset)
+        for a in found
+        if a.producer_id in producers
+    )
+
+
 async def _partition_response(
     storage: StreamStorage, module: Any, target: _Partition, isolation_level: int
 ) -> Any:
@@ -257,6 +315,14 @@ async def _partition_response(
         except IcefloeError as exc:
             target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
             target.data, high_watermark, log_start = b"", -1, -1
+    stable, aborted = high_watermark, None
+    if target.readable:
+        assert target.stream_id is not None
+        stable = storage.transactions.stable_offset(target.stream_id, high_watermark)
+    if isolation_level != _READ_UNCOMMITTED:
+        # What was returned lies below the last stable offset (checked as it was read).
+        stable = max(stable, target.next_offset) if target.data else stable
+        aborted = await _aborted(storage, module, target)
     if target.data:
         metrics.BYTES_OUT.labels(target.topic).inc(len(target.data))
     return make(
@@ -264,10 +330,10 @@ async def _partition_response(
         partition_index=target.index,
         error_code=target.error,
         high_watermark=high_watermark,
-        last_stable_offset=high_watermark,
+        last_stable_offset=stable,
         log_start_offset=log_start,
-        # Kafka sends null for read_uncommitted and the (here empty) list for read_committed.
-        aborted_transactions=None if isolation_level == _READ_UNCOMMITTED else (),
+        # Kafka sends null for read_uncommitted and the list for read_committed.
+        aborted_transactions=aborted,
         preferred_read_replica=-1,
         records=target.data,
     )

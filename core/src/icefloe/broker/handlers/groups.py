@@ -1,5 +1,6 @@
 """Group coordination, classic protocol: FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
-LeaveGroup, DescribeGroups, ListGroups, DeleteGroups.
+LeaveGroup, DescribeGroups, ListGroups, DeleteGroups. (FindCoordinator also names transaction
+coordinators, by the same rendezvous hashing; see :mod:`.transactions`.)
 
 Every broker is a coordinator for every group: state lives in the metadata store and each
 change is a compare-and-set, so the broker a client reaches can always serve it. The
@@ -32,6 +33,7 @@ from icefloe.security.acls import Operation, ResourceType
 
 _NO_THROTTLE = datetime.timedelta(0)
 _GROUP_KEY = 0
+_TRANSACTION_KEY = 1
 _WAIT_MARGIN_S = 5.0
 """Extra time a long poll waits beyond the protocol's own deadline (a lease failing over)."""
 
@@ -84,15 +86,22 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     names = request.coordinator_keys if ctx.api_version >= 4 else (request.key,)
     zone = client_zone(ctx.client_id)
     answers: list[tuple[str, ErrorCode, str | None, BrokerInfo | None]] = []
+    cluster = ctx.broker.cluster
     for name in names:
-        if key_type != _GROUP_KEY:
-            answers.append(
-                (name, ErrorCode.invalid_request, "Icefloe coordinates consumer groups only", None)
-            )
+        if key_type == _TRANSACTION_KEY:
+            if not ctx.allows(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, name):
+                code = ErrorCode.transactional_id_authorization_failed
+                answers.append((name, code, f"not allowed to use {name!r}", None))
+            else:
+                answers.append(
+                    (name, ErrorCode.none, None, cluster.transaction_coordinator(name, zone))
+                )
+        elif key_type != _GROUP_KEY:
+            answers.append((name, ErrorCode.invalid_request, f"unknown key type {key_type}", None))
         elif not ctx.allows(Operation.DESCRIBE, ResourceType.GROUP, name):
             answers.append((name, ErrorCode.group_authorization_failed, _not_allowed(name), None))
         else:
-            answers.append((name, ErrorCode.none, None, ctx.broker.cluster.coordinator(name, zone)))
+            answers.append((name, ErrorCode.none, None, cluster.coordinator(name, zone)))
 
     def fields(error: ErrorCode, message: str | None, broker: BrokerInfo | None) -> dict[str, Any]:
         return {

@@ -1,4 +1,5 @@
-"""InitProducerId: producer ids for idempotent producers; transactions are not supported yet.
+"""InitProducerId: producer ids for idempotent producers, and for transactional ones through
+the transaction coordinator (which fences the transactional id's previous instance).
 
 Kafka's transaction coordinator answers a producer without a transactional id by handing out a
 fresh producer id at epoch 0, whatever id and epoch the request carries: an idempotent
@@ -15,6 +16,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from icefloe.broker.handlers.transactions import may_write, outcome
 from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
@@ -39,15 +41,23 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
             producer_epoch=epoch,
         )
 
-    if request.transactional_id is not None:
-        # The response has no message field, so the reason goes to the broker log. The error
-        # is not retriable, so the client fails at once rather than at its timeout.
-        log.info(
-            "refused transactional id %r from %s: transactions are not supported yet",
-            request.transactional_id,
-            ctx.client_id or ctx.connection.peer,
+    producer_id = getattr(request, "producer_id", NO_PRODUCER_ID)
+    epoch = getattr(request, "producer_epoch", NO_PRODUCER_EPOCH)
+    if (producer_id == NO_PRODUCER_ID) != (epoch == NO_PRODUCER_EPOCH):
+        return answer(ErrorCode.invalid_request)  # Kafka: both or neither
+    transactional_id = request.transactional_id
+    if transactional_id is not None:
+        if not may_write(ctx, transactional_id):
+            return answer(ErrorCode.transactional_id_authorization_failed)
+        timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
+        code, granted = await outcome(
+            ctx.broker.transactions.init_producer_id(
+                transactional_id, timeout_ms, producer_id, epoch
+            )
         )
-        return answer(ErrorCode.transactional_id_authorization_failed)
+        if granted is None:
+            return answer(code)
+        return answer(ErrorCode.none, *granted)
     # Kafka's rule: an idempotent producer needs IDEMPOTENT_WRITE on the cluster, or WRITE on
     # some topic.
     authorizer = ctx.broker.authorizer
@@ -57,10 +67,6 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
         )
     ):
         return answer(ErrorCode.cluster_authorization_failed)
-    producer_id = getattr(request, "producer_id", NO_PRODUCER_ID)
-    epoch = getattr(request, "producer_epoch", NO_PRODUCER_EPOCH)
-    if (producer_id == NO_PRODUCER_ID) != (epoch == NO_PRODUCER_EPOCH):
-        return answer(ErrorCode.invalid_request)  # Kafka: both or neither
     try:
         fresh = await ctx.broker.storage.allocate_producer_id()
     except IcefloeError as exc:

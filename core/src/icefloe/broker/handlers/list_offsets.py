@@ -27,6 +27,7 @@ MAX_TIMESTAMP: Final = -3
 """KIP-734 (v7+): the record with the largest timestamp."""
 EARLIEST_LOCAL: Final = -4
 """KIP-1005 (v8+): the first offset on the broker's local disk; all of the log, here."""
+READ_COMMITTED: Final = 1
 UNKNOWN: Final = -1
 """Kafka's answer for "no such offset" and "no timestamp"."""
 
@@ -35,14 +36,21 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     topics = []
     for topic in request.topics:
-        answers = [await _list_offset(ctx, module, topic.name, p) for p in topic.partitions]
+        answers = [
+            await _list_offset(
+                ctx, module, topic.name, p, request.isolation_level == READ_COMMITTED
+            )
+            for p in topic.partitions
+        ]
         topics.append(
             make(module.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(answers))
         )
     return make(module.ListOffsetsResponse, throttle_time=_NO_THROTTLE, topics=tuple(topics))
 
 
-async def _list_offset(ctx: RequestContext, module: Any, topic: str, request: Any) -> Any:
+async def _list_offset(
+    ctx: RequestContext, module: Any, topic: str, request: Any, committed: bool
+) -> Any:
     def answer(error: ErrorCode, offset: int = UNKNOWN, timestamp: int = UNKNOWN) -> Any:
         return make(
             module.ListOffsetsPartitionResponse,
@@ -66,6 +74,13 @@ async def _list_offset(ctx: RequestContext, module: Any, topic: str, request: An
         return answer(ErrorCode.none, *_empty_log_offset(request.timestamp))
     try:
         offset, timestamp = await _find_offset(ctx.broker.storage, stream_id, request.timestamp)
+        if request.timestamp == LATEST and committed:
+            # read_committed consumers start at the last stable offset, not past open
+            # transactions' records.
+            stable = await ctx.broker.storage.transactions.confirm_stable_offset(
+                stream_id, offset, ()
+            )
+            offset = min(offset, stable)
     except IcefloeError as exc:
         return answer(partitions.read_error(exc, f"list offsets {topic}-{request.partition_index}"))
     return answer(ErrorCode.none, offset, timestamp)

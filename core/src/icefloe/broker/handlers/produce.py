@@ -45,15 +45,13 @@ _NO_THROTTLE = datetime.timedelta(0)
 _VALID_ACKS: Final = (-1, 0, 1)
 _LENGTH = struct.Struct(">i")
 _TRANSACTIONAL_BIT: Final = 0x10
+_PRODUCER_ID_AT: Final = 43
+_PRODUCER: Final = struct.Struct(">qh")
+"""A batch header's producer id and epoch."""
 _UNKNOWN_LOG_START: Final = -1
 """The field's "unknown": the answer for a partition that does not exist. Otherwise the log
 start comes from memory (:meth:`IndexReader.log_start_hint`): reading it from the store per
 partition per request multiplied the acknowledgement latency of the latency profile."""
-
-TRANSACTIONS_UNSUPPORTED: Final = (
-    "transactions are not supported yet: produce without a transactional.id "
-    "(idempotent producers are supported)"
-)
 
 
 @dataclass(eq=False)
@@ -96,7 +94,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any | NoResponse:
 
 async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
     """Submit every partition's batch, in request order; refusals become partition errors."""
-    refusal = _refusal(request)
+    refusal = _refusal(ctx, request)
     targets = []
     for topic in request.topic_data:
         allowed = ctx.allows(Operation.WRITE, ResourceType.TOPIC, topic.name)
@@ -107,7 +105,7 @@ async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
             elif not allowed:
                 target.fail(ErrorCode.topic_authorization_failed, _not_allowed(topic.name))
             else:
-                await _submit(ctx, target, data.records or b"")
+                await _submit(ctx, target, data.records or b"", request.transactional_id)
             targets.append(target)
     return targets
 
@@ -116,23 +114,24 @@ def _not_allowed(topic: str) -> str:
     return f"not allowed to write to topic {topic!r}"
 
 
-def _refusal(request: Any) -> tuple[ErrorCode, str] | None:
+def _refusal(ctx: RequestContext, request: Any) -> tuple[ErrorCode, str] | None:
     """An error for the whole request, as Kafka checks before looking at any partition."""
     if request.acks not in _VALID_ACKS:
         return ErrorCode.invalid_required_acks, f"acks must be -1, 0 or 1, not {request.acks}"
-    transactional = request.transactional_id is not None or any(
-        _is_transactional(data.records)
-        for topic in request.topic_data
-        for data in topic.partition_data
-    )
-    if transactional:
-        # Kafka's answer to transactional records it may not accept; non-retriable, so the
-        # client stops at once instead of retrying until its delivery timeout.
-        return ErrorCode.transactional_id_authorization_failed, TRANSACTIONS_UNSUPPORTED
+    transactional_id = request.transactional_id
+    if transactional_id is not None and not ctx.allows(
+        Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id
+    ):
+        return (
+            ErrorCode.transactional_id_authorization_failed,
+            f"not allowed to write as transactional id {transactional_id!r}",
+        )
     return None
 
 
-async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> None:
+async def _submit(
+    ctx: RequestContext, target: _Partition, records: bytes, transactional_id: str | None
+) -> None:
     target.stream_id = stream_id = await partitions.stream_of(ctx, target.topic, target.index)
     if stream_id is None:
         if internal.is_internal(target.topic):
@@ -153,6 +152,10 @@ async def _submit(ctx: RequestContext, target: _Partition, records: bytes) -> No
             ErrorCode.invalid_record,
             "produce requests must carry exactly one record batch per partition",
         )
+    elif _is_transactional(records) and (
+        refused := await _transaction_refusal(ctx, stream_id, transactional_id, records)
+    ):
+        target.fail(*refused)
     else:
         topic = ctx.broker.topics.get_cached(target.topic)  # cached by stream_of
         configs = topic.configs if topic else {}
@@ -241,3 +244,34 @@ def _is_transactional(records: bytes | None) -> bool:
         return False
     # Attributes are a big-endian int16: the transactional bit is in its low byte.
     return bool(records[batch.ATTRIBUTES_AT + 1] & _TRANSACTIONAL_BIT)
+
+
+async def _transaction_refusal(
+    ctx: RequestContext, stream_id: int, transactional_id: str | None, records: bytes
+) -> tuple[ErrorCode, str] | None:
+    """Why a transactional batch may not be written, if it may not: its producer must hold
+    the partition in an ongoing transaction (AddPartitionsToTxn) at the transaction's epoch."""
+    if len(records) < batch.HEADER_SIZE:
+        return None  # validation reports the exact problem
+    producer_id, epoch = _PRODUCER.unpack_from(records, _PRODUCER_ID_AT)
+    if transactional_id is None:
+        return (
+            ErrorCode.invalid_record,
+            "transactional records need the producer's transactional id",
+        )
+    mark = await ctx.broker.storage.transactions.open_mark(stream_id, producer_id)
+    if mark is None or mark.transactional_id != transactional_id:
+        state = await ctx.broker.transactions.describe(transactional_id)
+        if state is not None and state.producer_id == producer_id and state.epoch > epoch:
+            # A zombie: its transactional id has moved on to a newer instance.
+            return ErrorCode.invalid_producer_epoch, f"producer epoch {epoch} was fenced"
+        return (
+            ErrorCode.invalid_txn_state,
+            f"producer {producer_id} has not added this partition to a transaction",
+        )
+    if epoch != mark.epoch:
+        return (
+            ErrorCode.invalid_producer_epoch,
+            f"producer epoch {epoch} is not the transaction's epoch {mark.epoch}",
+        )
+    return None

@@ -1,0 +1,1 @@
+"""Kafka transactions: the coordinator and the state it keeps per transactional id."""

@@ -1,0 +1,238 @@
+"""Kafka transactions through real clients against `icefloe serve`: a transactional
+confluent-kafka producer commits and aborts, interleaved with a plain producer; read_committed
+consumers see committed records only, read_uncommitted ones everything; offsets committed in a
+transaction apply only when it commits; a new producer instance fences the old one; a
+transaction left open past its timeout is aborted; admin tools describe and list them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG, TRANSACTIONS, Tools, rows
+from tests.support.broker import RunningIcefloe, start_icefloe
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(tmp_path_factory.mktemp("transactions") / "data", brokers=2)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def create(cluster: RunningIcefloe, topic: str, partitions: int = 2) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, partitions)])[topic].result(30)
+
+
+def transactional(cluster: RunningIcefloe, transactional_id: str, **settings: Any) -> Producer:
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap, "transactional.id": transactional_id, **settings}
+    )
+    producer.init_transactions(30)
+    return producer
+
+
+def read_all(
+    cluster: RunningIcefloe, topic: str, isolation: str, partitions: int = 2, idle_s: float = 3
+) -> list[bytes]:
+    """Every value a consumer with ``isolation`` reads, from the start, until it is idle."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"reader-{time.monotonic_ns()}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    values: list[bytes] = []
+    last = time.monotonic()
+    while time.monotonic() - last < idle_s:
+        message = consumer.poll(0.5)
+        if message is None or message.error() is not None:
+            continue
+        values.append(message.value())
+        last = time.monotonic()
+    consumer.close()
+    return values
+
+
+def test_read_committed_sees_committed_records_only(cluster: RunningIcefloe) -> None:
+    create(cluster, "txn-basic")
+    producer = transactional(cluster, "basic")
+    plain = Producer({"bootstrap.servers": cluster.bootstrap})
+    for round_ in range(3):
+        producer.begin_transaction()
+        for p in range(2):
+            producer.produce("txn-basic", f"commit-{round_}-{p}".encode(), partition=p)
+        plain.produce("txn-basic", f"plain-{round_}".encode(), partition=round_ % 2)
+        assert plain.flush(30) == 0
+        producer.commit_transaction(30)
+        producer.begin_transaction()
+        producer.produce("txn-basic", f"abort-{round_}".encode(), partition=round_ % 2)
+        assert producer.flush(30) == 0
+        producer.abort_transaction(30)
+
+    committed = read_all(cluster, "txn-basic", "read_committed")
+    everything = read_all(cluster, "txn-basic", "read_uncommitted")
+
+    expected = {f"commit-{r}-{p}".encode() for r in range(3) for p in range(2)}
+    expected |= {f"plain-{r}".encode() for r in range(3)}
+    assert sorted(committed) == sorted(expected)
+    assert sorted(everything) == sorted(expected | {f"abort-{r}".encode() for r in range(3)})
+
+
+def test_an_open_transaction_holds_read_committed_back_until_it_commits(
+    cluster: RunningIcefloe,
+) -> None:
+    create(cluster, "txn-open", 1)
+    producer = transactional(cluster, "open")
+    plain = Producer({"bootstrap.servers": cluster.bootstrap})
+    producer.begin_transaction()
+    producer.produce("txn-open", b"in-flight", partition=0)
+    assert producer.flush(30) == 0
+    plain.produce("txn-open", b"after", partition=0)
+    assert plain.flush(30) == 0
+    # The plain record comes after the open transaction's: read_committed waits for both.
+    assert read_all(cluster, "txn-open", "read_committed", 1, idle_s=2) == []
+    assert read_all(cluster, "txn-open", "read_uncommitted", 1) == [b"in-flight", b"after"]
+    producer.commit_transaction(30)
+    assert read_all(cluster, "txn-open", "read_committed", 1) == [b"in-flight", b"after"]
+
+
+def test_offsets_sent_in_a_transaction_apply_only_when_it_commits(
+    cluster: RunningIcefloe,
+) -> None:
+    create(cluster, "txn-offsets", 1)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "txn-group"})
+    group = consumer.consumer_group_metadata()
+    producer = transactional(cluster, "offsets")
+    partition = TopicPartition("txn-offsets", 0)
+
+    def committed() -> int:
+        return int(consumer.committed([partition], timeout=30)[0].offset)
+
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition("txn-offsets", 0, 7)], group, 30)
+    producer.abort_transaction(30)
+    assert committed() < 0  # nothing committed
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition("txn-offsets", 0, 5)], group, 30)
+    producer.commit_transaction(30)
+    assert committed() == 5
+    consumer.close()
+
+
+def test_a_new_instance_fences_the_old_one(cluster: RunningIcefloe) -> None:
+    create(cluster, "txn-fence", 1)
+    old = transactional(cluster, "fenced-id")
+    old.begin_transaction()
+    old.produce("txn-fence", b"zombie-1", partition=0)
+    assert old.flush(30) == 0
+    new = transactional(cluster, "fenced-id")  # aborts what the old one left open
+    new.begin_transaction()
+    new.produce("txn-fence", b"new-1", partition=0)
+    new.commit_transaction(30)
+    old.produce("txn-fence", b"zombie-2", partition=0)
+    with pytest.raises(KafkaException) as fenced:
+        old.commit_transaction(30)
+    assert fenced.value.args[0].code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    )
+    assert read_all(cluster, "txn-fence", "read_committed", 1) == [b"new-1"]
+
+
+def test_a_transaction_left_open_is_aborted_after_its_timeout(cluster: RunningIcefloe) -> None:
+    create(cluster, "txn-timeout", 1)
+    producer = transactional(cluster, "forgotten", **{"transaction.timeout.ms": 2000})
+    producer.begin_transaction()
+    producer.produce("txn-timeout", b"forgotten", partition=0)
+    assert producer.flush(30) == 0
+    plain = Producer({"bootstrap.servers": cluster.bootstrap})
+    plain.produce("txn-timeout", b"later", partition=0)
+    assert plain.flush(30) == 0
+    # Every broker sweeps for timed-out transactions about every 10 s.
+    deadline = time.monotonic() + 40
+    seen: list[bytes] = []
+    while time.monotonic() < deadline and not seen:
+        seen = read_all(cluster, "txn-timeout", "read_committed", 1, idle_s=1)
+    assert seen == [b"later"]
+
+
+def test_kafka_transactions_lists_and_describes_them(cluster: RunningIcefloe) -> None:
+    create(cluster, "txn-admin", 1)
+    producer = transactional(cluster, "described")
+    producer.begin_transaction()
+    producer.produce("txn-admin", b"x", partition=0)
+    assert producer.flush(30) == 0
+    java = shutil.which("java")
+    assert java is not None, "`java` is not on PATH: run scripts/install-servers"
+    tools = Tools(java, cluster.bootstrap)
+    listed = {row[0]: row for row in rows(tools.run(TRANSACTIONS, "list"))[1:]}
+    assert listed["described"][-1] == "Ongoing"
+    header, described = rows(tools.run(TRANSACTIONS, "describe", "--transactional-id", "described"))
+    state = dict(zip(header, described, strict=False))
+    assert state["TransactionState"] == "Ongoing"
+    assert "txn-admin-0" in described[-1]
+    producer.commit_transaction(30)
+    header, described = rows(tools.run(TRANSACTIONS, "describe", "--transactional-id", "described"))
+    assert dict(zip(header, described, strict=False))["TransactionState"] == "CompleteCommit"
+
+
+JAVA_SOURCE = Path(__file__).parent / "java" / "EosPipeline.java"
+
+
+def test_a_java_consume_transform_produce_loop_killed_and_restarted_is_exactly_once(
+    cluster: RunningIcefloe, tmp_path: Path
+) -> None:
+    java, javac = shutil.which("java"), shutil.which("javac")
+    assert java is not None, "no JDK on PATH: run scripts/install-servers"
+    assert javac is not None, "no JDK on PATH: run scripts/install-servers"
+    compiled = subprocess.run(
+        [javac, "-cp", f"{LIB}/*", "-d", str(tmp_path), str(JAVA_SOURCE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    create(cluster, "in")
+    create(cluster, "out")
+    inputs = [f"value-{i}" for i in range(400)]
+    plain = Producer({"bootstrap.servers": cluster.bootstrap})
+    for i, value in enumerate(inputs):
+        plain.produce("in", value.encode(), key=str(i).encode())
+    assert plain.flush(30) == 0
+    command = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
+    command += ["-cp", f"{LIB}/*:{tmp_path}", "EosPipeline", cluster.bootstrap, "eos-1"]
+
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert first.stdout is not None
+    for line in first.stdout:
+        if line.startswith("committed") and int(line.split()[1]) >= 100:
+            break
+    first.kill()  # mid-stream: a transaction may be open
+    first.wait(30)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert second.returncode == 0, second.stdout + second.stderr
+
+    outputs = read_all(cluster, "out", "read_committed")
+    assert sorted(outputs) == sorted(v.upper().encode() for v in inputs)
