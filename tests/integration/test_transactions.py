@@ -193,6 +193,11 @@ def test_kafka_transactions_lists_and_describes_them(cluster: RunningIcefloe) ->
     state = dict(zip(header, described, strict=False))
     assert state["TransactionState"] == "Ongoing"
     assert "txn-admin-0" in described[-1]
+    header, *states = rows(
+        tools.run(TRANSACTIONS, "describe-producers", "--topic", "txn-admin", "--partition", "0")
+    )
+    (state_row,) = states
+    assert dict(zip(header, state_row, strict=False))["CurrentTransactionStartOffset"] == "0"
     producer.commit_transaction(30)
     header, described = rows(tools.run(TRANSACTIONS, "describe", "--transactional-id", "described"))
     assert dict(zip(header, described, strict=False))["TransactionState"] == "CompleteCommit"

@@ -31,7 +31,6 @@ USERS: Final = "users/"
 ACLS: Final = "acls/"
 TRANSACTIONS: Final = "transactions/"
 TXN_OPEN: Final = "txn-open/"
-QUOTAS: Final = "quotas/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +193,14 @@ KEYSPACE: Final = (
         "the index, deleted once the grace period is over",
     ),
     Prefix(
+        "COMPACTION",
+        COMPACTION,
+        "compaction/cleaned/<stream id, 12 digits>",
+        "icefloe.compaction.committer",
+        "msgpack [cleaned end offset, earliest tombstone expiry ms or nil]: how far log "
+        "compaction (cleanup.policy=compact) has cleaned a stream",
+    ),
+    Prefix(
         "USERS",
         USERS,
         "users/<user name, percent-encoded>/<SCRAM mechanism>",
@@ -224,15 +231,6 @@ KEYSPACE: Final = (
         "icefloe.storage.transactions",
         "msgpack [epoch, first offset bound, transactional id]: a transaction that may write to "
         "the stream (the last stable offset is the least bound)",
-    ),
-    Prefix(
-        "QUOTAS",
-        QUOTAS,
-        "quotas/user/<user>/client-id/<client id>",
-        "icefloe.security.quotas",
-        "msgpack {quota key: value}: one client-quota entity's producer_byte_rate, "
-        "consumer_byte_rate, request_percentage and controller_mutation_rate; the key has "
-        "either part alone too, each name percent-encoded or <default>",
     ),
 )
 """Every key family, in the order ``docs/design.md`` shows them."""

@@ -11,10 +11,14 @@ compare-and-set; a crash anywhere leaves a record that the next leader finishes:
               format skips a sequence it already has).
 ``swapped``   for each stream, the index changed to match; the record is deleted.
 
-Three kinds of task share the saga (:class:`TaskKind`): *compact* turns WAL entries into one
+Four kinds of task share the saga (:class:`TaskKind`): *compact* turns WAL entries into one
 data file per stream; *rewrite* merges a stream's small data files into one (table
 maintenance); *expire* removes entries past retention from the index and, when the topic's
-``icefloe.table.retention`` is ``delete``, their files from the tables.
+``icefloe.table.retention`` is ``delete``, their files from the tables; *clean* log-compacts
+a stream's data files (one new file for each, or for a run of files of which only the last
+kept records), and once its entries are swapped records how far the stream is clean
+(``compaction/cleaned/<stream id>``: the end of the cleaned offsets and when the earliest
+tombstone kept may go), which the log-compaction planner reads.
 
 The index swap keeps readers whole: the new Parquet entry is written under the key of the
 *last* entry it replaces (same end offset and cumulative size), then the other entries are
@@ -33,7 +37,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from typing import Any, Final
 
 import msgpack
@@ -42,6 +46,7 @@ from icefloe import metrics
 from icefloe.compaction.planner import Plan, TaskKind
 from icefloe.keyspace import COMPACTION, prefix_end
 from icefloe.ports.compaction import (
+    CleanSpec,
     CompactionEngine,
     CompactionTask,
     Source,
@@ -60,6 +65,7 @@ log = logging.getLogger(__name__)
 
 TASKS: Final = COMPACTION + "tasks/"
 RETIRED: Final = COMPACTION + "retired/"
+CLEANED: Final = COMPACTION + "cleaned/"
 MIN_RETIRED_GRACE_MS: Final = 60_000
 """A retired file outlives any fetch that found it in the index before the swap."""
 
@@ -88,6 +94,16 @@ class TaskStream:
     """Object keys of the data files that leave the tables and the index."""
 
 
+@dataclass(frozen=True, slots=True)
+class Cleaned:
+    """How far log compaction has cleaned a stream."""
+
+    end: int
+    """Offsets before this were cleaned: their keys are unique among them."""
+    tombstone_expiry_ms: int | None
+    """When the earliest tombstone the last cleaning kept may go (``None``: it kept none)."""
+
+
 @dataclass
 class TaskRecord:
     """The persisted state of one compaction task."""
@@ -112,6 +128,7 @@ class TaskRecord:
                 [asdict(r) for r in self.task.ranges],
                 [list(p) for p in self.task.output_paths],
                 [[s, str(unit)] for s, unit in self.task.time_partitions],
+                [[s, *astuple(spec)] for s, spec in self.task.cleaning],
             ],
             "streams": [
                 [s.topic, s.partition, s.stream_id, s.replaced, s.retired] for s in self.streams
@@ -127,12 +144,14 @@ class TaskRecord:
     @classmethod
     def decode(cls, record: Record) -> TaskRecord:
         p = msgpack.unpackb(record.value, raw=False)
-        task_id, ranges, outputs, *rest = p["task"]  # time partitions: absent in old records
+        # Time partitions and cleaning specs: absent in older records.
+        task_id, ranges, outputs, *rest = p["task"]
         task = CompactionTask(
             task_id,
             tuple(_stream_range(r) for r in ranges),
             tuple((int(s), str(k)) for s, k in outputs),
             tuple((int(s), TimePartition(unit)) for s, unit in (rest[0] if rest else ())),
+            tuple((int(s), CleanSpec(*fields)) for s, *fields in (rest[1] if rest[1:] else ())),
         )
         files = None
         if p["files"] is not None:
@@ -245,6 +264,8 @@ class Committer:
                     await self._discard(record, stream)
                 elif record.kind is TaskKind.EXPIRE:
                     await self._remove_entries(stream)
+                elif record.kind is TaskKind.CLEAN:
+                    await self._swap_cleaned(record, stream)
                 else:
                     await self._swap(record, stream)
             await self._retire(record)
@@ -348,6 +369,52 @@ class Committer:
                 "stream %d changed under compaction (topic deleted?); skipping", stream.stream_id
             )
 
+    async def _swap_cleaned(self, record: TaskRecord, stream: TaskStream) -> None:
+        """The index step of log compaction: each new file replaces the entries of its
+        offsets (one, or a run whose earlier files kept nothing), so each keeps the time its
+        records were written; then the stream's cleaned end is recorded."""
+        files = sorted(
+            (f for f in record.files or () if f.stream_id == stream.stream_id),
+            key=lambda f: f.start_offset,
+        )
+        ends = [keys.parse_index_key(key)[1] for key in stream.replaced]
+        for f in files:
+            group = [
+                k
+                for k, end in zip(stream.replaced, ends, strict=True)
+                if f.start_offset < end <= f.end_offset
+            ]
+            piece = NewPiece(
+                ParquetLocation(f.path, f.size, f.row_groups),
+                f.start_offset,
+                f.end_offset,
+                f.min_timestamp,
+                f.max_timestamp,
+            )
+            if not group or not await self._offsets.swap(group, [piece]):
+                log.warning("stream %d changed under log compaction; skipping", stream.stream_id)
+                return
+        expiries = [f.tombstone_expiry_ms for f in files if f.tombstone_expiry_ms is not None]
+        cleaned = Cleaned(ends[-1], min(expiries, default=None))
+        await self._metadata.put(_cleaned_key(stream.stream_id), msgpack.packb(astuple(cleaned)))
+
+    async def cleaned(self, stream_id: int) -> Cleaned | None:
+        """How far log compaction has cleaned ``stream_id`` (``None``: never, or unreadable)."""
+        record = await self._metadata.get(_cleaned_key(stream_id))
+        if record is None:
+            return None
+        try:
+            end, expiry = msgpack.unpackb(record.value, raw=False)
+            return Cleaned(int(end), None if expiry is None else int(expiry))
+        except (ValueError, TypeError, msgpack.UnpackException):
+            log.warning("ignoring the unreadable log-compaction record of stream %d", stream_id)
+            return None  # cleaned again from scratch: harmless
+
+    async def forget_cleaned(self, stream_ids: Sequence[int]) -> None:
+        """Delete the log-compaction records of deleted streams."""
+        for stream_id in stream_ids:
+            await self._metadata.delete(_cleaned_key(stream_id))
+
     async def _discard(self, record: TaskRecord, stream: TaskStream) -> None:
         """The index step for a stream of a deleted topic: the files the task wrote for it
         are nobody's."""
@@ -399,6 +466,10 @@ def _retired_files(kind: TaskKind, entries: Sequence[IndexEntry]) -> list[str]:
     if kind is TaskKind.COMPACT:
         return []
     return [e.location.key for e in entries if isinstance(e.location, ParquetLocation)]
+
+
+def _cleaned_key(stream_id: int) -> str:
+    return CLEANED + f"{stream_id:012d}"
 
 
 def _entry_key(entry: IndexEntry) -> str:

@@ -58,6 +58,10 @@ class TaskKind(enum.StrEnum):
     swap them for it."""
     EXPIRE = "expire"
     """Entries past retention leave the index, and their data files leave the tables."""
+    CLEAN = "clean"
+    """Log compaction (``cleanup.policy=compact``): a stream's data files are each rewritten
+    without the records a later record of the same key replaced; the tables and the index
+    swap them for the new files."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +126,14 @@ def plan_of(
 ) -> Plan:
     """The task reading every entry of ``streams`` (WAL chunks or whole data files) into one
     file per stream, split by time for the topics in ``units``."""
-    ranges = tuple(_source_range(s, entry) for s in streams for entry in s.entries)
+    ranges = tuple(source_range(s, entry) for s in streams for entry in s.entries)
     outputs = tuple((s.stream_id, s.output_path) for s in streams)
     split = tuple((s.stream_id, units[s.topic]) for s in streams if s.topic in units)
     task = CompactionTask(uuid.uuid4().hex, ranges, outputs, split)
     return Plan(task, tuple(streams), kind)
 
 
-def _source_range(stream: StreamPlan, entry: IndexEntry) -> StreamRange:
+def source_range(stream: StreamPlan, entry: IndexEntry) -> StreamRange:
     """Where a task reads ``entry``: its chunk of a WAL object, or its whole data file."""
     location = entry.location
     if isinstance(location, WalLocation):

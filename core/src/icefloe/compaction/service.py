@@ -2,7 +2,8 @@
 
 Leadership is an ephemeral key held through a metadata-store session, so when the leader dies
 another broker takes over within the lease time and first finishes the tasks it left. Besides
-compaction, the leader applies retention and maintains the tables (:mod:`.maintenance`).
+compaction, the leader applies retention, log-compacts topics with ``cleanup.policy=compact``
+(:mod:`.cleaner`) and maintains the tables (:mod:`.maintenance`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Final, Self
 
 from icefloe import config as configuration
 from icefloe import metrics
-from icefloe.compaction import dropping, maintenance, retention
+from icefloe.compaction import cleaner, dropping, maintenance, retention
 from icefloe.compaction.committer import Committer, TaskRecord
 from icefloe.compaction.maintenance import TableSettings
 from icefloe.compaction.planner import Plan, TaskKind, plan_task
@@ -160,6 +161,7 @@ class Compactor:
             spec = self._table_spec_of(topic.topic.name, topic.topic.configs)
             store = self.storage.object_store
             await dropping.drop_tables(topic, spec, self.table_formats, store)
+            await self.committer.forget_cleaned(topic.topic.streams)
             await self.topics.forget_deleted(topic)
         if deleted:
             self.committer.forget_tables()
@@ -169,6 +171,22 @@ class Compactor:
         """Merge one run of small data files, if a topic has one."""
         plan = await maintenance.plan_rewrite(
             self.storage.index, self.topics.cached(), self._options
+        )
+        if plan is None:
+            return None
+        return await self._run(plan)
+
+    async def clean_once(self, *, force: bool = False) -> Progress | None:
+        """Log-compact the streams of compacted topics that are due (:mod:`.cleaner`); with
+        ``force``, every stream with anything not cleaned yet."""
+        plan = await cleaner.plan_clean(
+            self.storage.index,
+            self.committer,
+            self.topics.cached(),
+            self._options,
+            self.storage.options,
+            int(time.time() * 1000),
+            force=force,
         )
         if plan is None:
             return None
@@ -206,9 +224,10 @@ class Compactor:
         return deleted
 
     async def maintain(self) -> None:
-        """Rewrite small files (a bounded number of runs, so compaction is not held up), then
-        collect garbage (orphans every ``orphan_sweep_interval_s``: finding them lists every
-        table)."""
+        """Log-compact what is due, rewrite small files (a bounded number of runs, so
+        compaction is not held up), then collect garbage (orphans every
+        ``orphan_sweep_interval_s``: finding them lists every table)."""
+        await self.clean_once()
         for _ in range(REWRITES_PER_ROUND):
             if await self.rewrite_once() is None:
                 break
@@ -246,6 +265,7 @@ class Compactor:
                     try:
                         await self.compact_once()
                         await self.enforce_retention()
+                        await self.clean_once()
                         if time.monotonic() >= self._next_maintenance:
                             self._next_maintenance = (
                                 time.monotonic() + self._options.maintenance_interval_s

@@ -1,7 +1,8 @@
 """Running one compaction task: read each source once, split by stream, write Parquet.
 
-A task either compacts WAL chunks (decoding their record batches into rows) or merges small
-Parquet data files of a stream into one (table maintenance: rows are copied, not re-decoded).
+A task either compacts WAL chunks (decoding their record batches into rows), merges small
+Parquet data files of a stream into one (table maintenance: rows are copied, not re-decoded),
+or log-compacts a stream's data files (:mod:`icefloe.compaction.log_cleaning`).
 
 The same function runs in the in-process engine's worker process and on Spark executors: it
 opens the WAL and object store from the configuration it is given, so it needs nothing from the
@@ -13,14 +14,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from icefloe import config as configuration
+from icefloe.compaction import log_cleaning
 from icefloe.errors import CorruptDataError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.compaction import (
@@ -34,18 +34,34 @@ from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TimePartition
 from icefloe.ports.wal import WAL
 from icefloe.storage.batch import read_header
-from icefloe.storage.parquet import RowBuilder, encode_parquet
-from icefloe.storage.row_schema import OFFSET, ROW_SCHEMA, TIMESTAMP
+from icefloe.storage.parquet import RowBuilder, encode_data_file
+from icefloe.storage.row_schema import OFFSET, TIMESTAMP
 
 Pieces = list[tuple[StreamRange, memoryview]]
 
 
 async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[WrittenFile]:
     """Run ``task``: one GET per source; one Parquet file per stream, or per run of records in
-    one hour (day) for a stream split by time."""
+    one hour (day) for a stream split by time. A stream being log-compacted reads its data
+    files one at a time (its dirty ones twice) and writes one file per source."""
     pieces: dict[int, Pieces] = defaultdict(list)
+    outputs = dict(task.output_paths)
+    units = dict(task.time_partitions)
+    cleaning = dict(task.cleaning)
+    written = []
+    for stream_id, spec in sorted(cleaning.items()):
+        ranges = sorted(
+            (r for r in task.ranges if r.stream_id == stream_id), key=lambda r: r.start_offset
+        )
+        if not ranges or any(r.source is not Source.PARQUET for r in ranges):
+            raise ValueError(f"stream {stream_id}: log compaction reads data files only")
+        written += await log_cleaning.clean_stream(
+            task.task_id, ranges, spec, outputs[stream_id], units.get(stream_id), store
+        )
     for ref in task.refs():
-        ranges = [r for r in task.ranges if r.ref == ref]
+        ranges = [r for r in task.ranges if r.ref == ref and r.stream_id not in cleaning]
+        if not ranges:
+            continue
         if ranges[0].source is Source.PARQUET:
             data = memoryview(await store.get(ref))
             pieces[ranges[0].stream_id].append((ranges[0], data))
@@ -53,9 +69,6 @@ async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[Wr
         wal_object = memoryview(await wal.read(ref))
         for r in ranges:
             pieces[r.stream_id].append((r, wal_object[r.byte_start : r.byte_end]))
-    outputs = dict(task.output_paths)
-    units = dict(task.time_partitions)
-    written = []
     for stream_id, stream_pieces in sorted(pieces.items()):
         stream_pieces.sort(key=lambda piece: piece[0].start_offset)
         if len({r.source for r, _ in stream_pieces}) != 1:
@@ -63,8 +76,9 @@ async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[Wr
         rows = _merge_files if stream_pieces[0][0].source is Source.PARQUET else _decode_chunks
         table = await asyncio.to_thread(rows, stream_id, stream_pieces)
         unit = units.get(stream_id)
-        for run in _runs(table, unit):
-            parquet, facts = await asyncio.to_thread(_encode, run)
+        first, last = stream_pieces[0][0].start_offset, stream_pieces[-1][0].end_offset
+        for run, start, end in _runs(table, unit, first, last):
+            parquet, facts = await asyncio.to_thread(encode_data_file, run, start, end)
             path = outputs[stream_id]
             if unit is not None:
                 path = piece_path(path, stream_id, facts["start_offset"], facts["end_offset"])
@@ -99,57 +113,44 @@ def _decode_chunks(stream_id: int, pieces: Pieces) -> pa.Table:
 
 
 def _merge_files(stream_id: int, pieces: Pieces) -> pa.Table:
-    """A stream's rows from its consecutive data files (in offset order)."""
+    """A stream's rows from its consecutive data files (in offset order). A file that log
+    compaction thinned holds fewer rows than offsets."""
     tables = []
     expected = pieces[0][0].start_offset
     for r, source in pieces:
-        try:
-            table = pq.read_table(pa.py_buffer(source), schema=ROW_SCHEMA)
-        except (pa.ArrowException, OSError) as exc:
-            raise CorruptDataError(f"stream {stream_id}: data file {r.ref!r}: {exc}") from exc
-        offsets = table.column(OFFSET)
-        held = (offsets[0].as_py(), offsets[-1].as_py() + 1) if table.num_rows else None
-        complete = table.num_rows == r.end_offset - r.start_offset
-        if r.start_offset != expected or held != (r.start_offset, r.end_offset) or not complete:
+        if r.start_offset != expected:
             raise CorruptDataError(
-                f"stream {stream_id}: data file {r.ref!r} holds offsets {held}, the task "
-                f"expects [{r.start_offset}, {r.end_offset}) right after offset {expected}"
+                f"stream {stream_id}: data file {r.ref!r} starts at {r.start_offset}, the task "
+                f"expects offset {expected}"
             )
-        tables.append(table)
+        tables.append(log_cleaning.read_rows(source, r))
         expected = r.end_offset
     return pa.concat_tables(tables)
 
 
-def _runs(table: pa.Table, unit: TimePartition | None) -> list[pa.Table]:
-    """``table`` cut wherever the hour (day) of the timestamp changes; whole without a unit.
+def _runs(
+    table: pa.Table, unit: TimePartition | None, start: int, end: int
+) -> list[tuple[pa.Table, int, int]]:
+    """``table`` (offsets ``[start, end)``) cut wherever the hour (day) of the timestamp
+    changes, each run with the offsets it covers; whole without a unit.
 
     Records keep their offset order, so a run may end inside a producer's batch: the two parts
     are read back as two batches with the batch's base offset, as Kafka serves a batch that
-    log compaction thinned out.
+    log compaction thinned out. A run covers the offsets up to the next run's first record.
     """
     if unit is None or table.num_rows == 0:
-        return [table]
+        return [(table, start, end)]
     millis = table.column(TIMESTAMP).cast(pa.int64()).to_numpy() // 1000
     buckets = millis // unit.millis
     cuts = (np.flatnonzero(buckets[1:] != buckets[:-1]) + 1).tolist()
-    bounds = [0, *cuts, table.num_rows]
-    return [table.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
-
-
-def _encode(table: pa.Table) -> tuple[bytes, dict[str, Any]]:
-    """One data file of ``table`` (a stream's consecutive records) and its facts."""
-    data, groups = encode_parquet(table)
     offsets = table.column(OFFSET)
-    timestamps = pc.min_max(table.column(TIMESTAMP).cast(pa.int64()))
-    facts = {
-        "record_count": table.num_rows,
-        "start_offset": offsets[0].as_py(),
-        "end_offset": offsets[-1].as_py() + 1,
-        "row_groups": tuple((g.first, g.last) for g in groups),
-        "min_timestamp": timestamps["min"].as_py() // 1000,  # µs → ms
-        "max_timestamp": timestamps["max"].as_py() // 1000,
-    }
-    return data, facts
+    firsts = [start, *(int(offsets[c].as_py()) for c in cuts)]
+    ends = [*firsts[1:], end]
+    bounds = [0, *cuts, table.num_rows]
+    return [
+        (table.slice(a, b - a), first, last)
+        for (a, b), first, last in zip(itertools.pairwise(bounds), firsts, ends, strict=True)
+    ]
 
 
 class WorkerResult(NamedTuple):

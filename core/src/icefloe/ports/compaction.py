@@ -13,6 +13,12 @@ Contract (executable form: ``icefloe.testing.compaction_contract``):
   timestamp changes, in offset order: each run of records becomes a file of its own, named by
   :func:`piece_path` (the folder of the stream's path, then :func:`data_file_name`), and
   carries its ``time_bucket``. A stream written whole goes to its path.
+- A stream the task names in ``cleaning`` is log-compacted (Kafka's ``cleanup.policy=compact``):
+  its sources are data files, each rewritten to one file over the same offsets that keeps
+  only what :class:`CleanSpec` says survives (the latest record of each key, tombstones until
+  their horizon), named by :func:`cleaned_path`. A source left with no record joins the
+  next file's range (the previous one's at the end); the task's last record stays if none
+  would.
 - The engine holds no state between calls; a failed task raises and writes no index entry.
 """
 
@@ -54,6 +60,24 @@ class StreamRange:
 
 
 @dataclass(frozen=True, slots=True)
+class CleanSpec:
+    """What log compaction keeps of one stream's data files (Kafka's log cleaner).
+
+    The records from ``dirty_start`` on are the *dirty* part: the latest offset of each of
+    their keys is what survives, everywhere in the task's range. Records before it were
+    cleaned before (their keys are unique among themselves) and stay unless a dirty record
+    has their key. Records without a key go (Kafka refuses them on a compacted topic; older
+    ones are dropped as Kafka's cleaner drops them); records of control batches stay.
+    """
+
+    dirty_start: int
+    delete_horizon_ms: int
+    """Tombstones (null values) stamped before this go."""
+    delete_retention_ms: int
+    """``delete.retention.ms``: a kept tombstone goes this long after its timestamp."""
+
+
+@dataclass(frozen=True, slots=True)
 class CompactionTask:
     """Everything one task reads and writes. A stream's ranges must tile one offset range."""
 
@@ -63,6 +87,9 @@ class CompactionTask:
     """``(stream_id, object key)`` of the Parquet file to write for each stream."""
     time_partitions: tuple[tuple[int, TimePartition], ...] = ()
     """``(stream_id, hour or day)`` of the streams whose files split by record time."""
+    cleaning: tuple[tuple[int, CleanSpec], ...] = ()
+    """``(stream_id, spec)`` of the streams this task log-compacts (their sources are data
+    files, each rewritten without the records the spec removes)."""
 
     def refs(self) -> list[str]:
         """The sources the task reads (WAL objects or data files), each once, in first-use
@@ -86,6 +113,8 @@ class WrittenFile:
     max_timestamp: int
     time_bucket: int | None = None
     """The hour (day) since the epoch of every record, for a stream split by time."""
+    tombstone_expiry_ms: int | None = None
+    """Log compaction only: when the earliest tombstone kept in the file may go."""
 
 
 def data_file_name(stream_id: int, start_offset: int, end_offset: int) -> str:
@@ -101,6 +130,18 @@ def piece_path(path: str, stream_id: int, start_offset: int, end_offset: int) ->
     """Where one run of a stream split by time goes, beside the stream's ``path``."""
     folder = path.rpartition("/")[0]
     return f"{folder}/" * bool(folder) + data_file_name(stream_id, start_offset, end_offset)
+
+
+def cleaned_path(
+    path: str, stream_id: int, start_offset: int, end_offset: int, task_id: str
+) -> str:
+    """Where log compaction writes the file of ``[start_offset, end_offset)``, beside ``path``.
+
+    The task id keeps it apart from the file it replaces, which has the same offsets.
+    """
+    folder = path.rpartition("/")[0]
+    name = data_file_name(stream_id, start_offset, end_offset).removesuffix(".parquet")
+    return f"{folder}/" * bool(folder) + f"{name}-c{task_id[:16]}.parquet"
 
 
 class CompactionEngine(Port):

@@ -32,7 +32,7 @@ from icefloe.ports.base import OpenContext, Port
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
-from icefloe.storage import counters, keys
+from icefloe.storage import counters, keyed, keys
 from icefloe.storage.batch import (
     BatchError,
     Compression,
@@ -197,18 +197,21 @@ class StreamStorage:
         max_batch_bytes: int | None = None,
         compression: Compression | None = None,
         log_append_time_ms: int | None = None,
+        keys_required_for: str | None = None,
     ) -> asyncio.Future[int]:
         """Validate and buffer batches; the future gives the first offset once committed.
 
         ``max_batch_bytes`` is the stream's batch limit (default: ``[storage]
         max_batch_bytes``). With ``compression``, batches that use another codec are stored
         recompressed with it; with ``log_append_time_ms``, stamped with that time
-        (:func:`~icefloe.storage.batch.with_log_append_time`). See :meth:`WalWriter.submit`
-        for why the two steps are separate.
+        (:func:`~icefloe.storage.batch.with_log_append_time`). With ``keys_required_for`` (the
+        ``topic-N`` of a compacted topic's partition), a record without a key is refused
+        (:mod:`icefloe.storage.keyed`). See :meth:`WalWriter.submit` for why the two steps are
+        separate.
 
         Raises:
             BatchError: a batch is invalid (``CORRUPT_MESSAGE`` for records that do not
-                decompress when recompressing).
+                decompress when recompressing; ``INVALID_RECORD`` for a keyless record).
         """
         view = memoryview(data)
         limit = self.options.max_batch_bytes if max_batch_bytes is None else max_batch_bytes
@@ -216,6 +219,11 @@ class StreamStorage:
         chunks: list[bytes | bytearray | memoryview] = [
             view[i.position : i.position + i.size] for i in infos
         ]
+        if keys_required_for is not None:
+            if any(i.compression is not Compression.NONE for i in infos):
+                await asyncio.to_thread(keyed.check_keys, chunks, keys_required_for)
+            else:
+                keyed.check_keys(chunks, keys_required_for)
         if compression is not None and any(i.compression is not compression for i in infos):
             chunks = await asyncio.to_thread(_recompressed, chunks, compression)
             if too_large := [len(chunk) for chunk in chunks if len(chunk) > limit]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from icefloe.storage.records import decode_batch
-from icefloe.storage.row_schema import ROW_SCHEMA
+from icefloe.storage.row_schema import ROW_SCHEMA, TIMESTAMP
 
 ROW_GROUP_BYTES: Final = 1 << 20
 """Target uncompressed size of a row group: about what one fetch of a partition returns."""
@@ -96,6 +97,28 @@ def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
         stats = metadata.row_group(i).column(offset_index).statistics
         ranges.append(RowGroupRange(int(stats.min), int(stats.max)))
     return data, tuple(ranges)
+
+
+def encode_data_file(
+    table: pa.Table, start_offset: int, end_offset: int
+) -> tuple[bytes, dict[str, Any]]:
+    """One data file of ``table`` (rows of a stream in offset order, at least one) covering
+    ``[start_offset, end_offset)``, and its facts (the fields of a ``WrittenFile``).
+
+    The range may hold more offsets than rows: log compaction leaves gaps, and a file's range
+    is what the offset index holds, not its first and last rows.
+    """
+    data, groups = encode_parquet(table)
+    timestamps = pc.min_max(table.column(TIMESTAMP).cast(pa.int64()))
+    facts = {
+        "record_count": table.num_rows,
+        "start_offset": start_offset,
+        "end_offset": end_offset,
+        "row_groups": tuple((g.first, g.last) for g in groups),
+        "min_timestamp": timestamps["min"].as_py() // 1000,  # µs → ms
+        "max_timestamp": timestamps["max"].as_py() // 1000,
+    }
+    return data, facts
 
 
 def _rows_per_group(table: pa.Table) -> int:

@@ -127,7 +127,7 @@ class StreamReader:
             end.
         """
         if isinstance(entry.location, ParquetLocation):
-            return await self._read_parquet(entry.location, offset, out, max_bytes)
+            return await self._read_parquet(entry.location, entry.end, offset, out, max_bytes)
         wanted = entry.batches_from(offset)
         taken = 0
         size = len(out)
@@ -147,13 +147,21 @@ class StreamReader:
         return entry.start + tail.offset_delta + tail.record_count, taken == len(wanted)
 
     async def _read_parquet(
-        self, location: ParquetLocation, offset: int, out: bytearray, max_bytes: int
+        self, location: ParquetLocation, end: int, offset: int, out: bytearray, max_bytes: int
     ) -> tuple[int, bool]:
+        """As :meth:`_read_entry`, for a data file holding offsets up to ``end``. Log
+        compaction may have removed any of its records: reading on from an offset it removed
+        starts at the next record kept, and a read to the file's last record (or from past
+        it) ends at ``end``."""
         groups = location.row_groups_from(offset)
         next_offset = offset
+        last_group = len(location.row_groups) - 1
         for i, group in enumerate(groups):
             rebuilt = await self._rebuilt.get(
-                (location.key, group), functools.partial(self._rebuild, location, group)
+                (location.key, group),
+                functools.partial(
+                    self._rebuild, location, group, end if group == last_group else None
+                ),
             )
             # A row group holds many batches: take those that fit (the first one always).
             first = rebuilt.first_batch_for(offset)
@@ -164,11 +172,15 @@ class StreamReader:
             if after < rebuilt.batch_count:
                 return next_offset, False
             if len(out) >= max_bytes:
-                return next_offset, i == len(groups) - 1
-        return next_offset, True
+                return (end, True) if i == len(groups) - 1 else (next_offset, False)
+        return end, True
 
-    async def _rebuild(self, location: ParquetLocation, group: int) -> RebuiltGroup:
-        return await self._from_row_group(location, group, _rebuild_group)
+    async def _rebuild(
+        self, location: ParquetLocation, group: int, end: int | None
+    ) -> RebuiltGroup:
+        return await self._from_row_group(
+            location, group, functools.partial(_rebuild_group, end_offset=end)
+        )
 
     async def _from_row_group(
         self, location: ParquetLocation, group: int, work: Callable[[pa.Table], T]
@@ -270,5 +282,5 @@ def _first_at_or_after(table: pa.Table, timestamp_ms: int, from_offset: int = 0)
     return int(hits[0].as_py()) if len(hits) else None
 
 
-def _rebuild_group(table: pa.Table) -> RebuiltGroup:
-    return RebuiltGroup.of(rebuild_batches(table))
+def _rebuild_group(table: pa.Table, end_offset: int | None = None) -> RebuiltGroup:
+    return RebuiltGroup.of(rebuild_batches(table, end_offset))

@@ -38,10 +38,16 @@ _SHIFTS: Final = np.arange(0, 7 * _VARINT_BYTES, 7, dtype=np.uint64)
 Int64s = npt.NDArray[np.int64]
 
 
-def rebuild_batches(table: pa.Table) -> bytes:
+def rebuild_batches(table: pa.Table, end_offset: int | None = None) -> bytes:
     """Kafka v2 record batches (uncompressed) for the rows of ``table``, in offset order.
 
-    Rows that share ``batch_base_offset`` make one batch, as they came from one.
+    Rows that share ``batch_base_offset`` make one batch, as they came from one. Where log
+    compaction removed records, the offsets keep their gaps. A batch's ``lastOffsetDelta``
+    reaches to the offset before the next batch's base offset (Kafka keeps a thinned batch's
+    original last offset, which lies between its last record and there), and the last
+    batch's reaches to ``end_offset - 1`` when given (the end of the data file), so that a
+    consumer's next fetch starts past records removed from the end of a file. Without gaps
+    both are the batch's own last offset.
     """
     rows = table.num_rows
     if rows == 0:
@@ -60,7 +66,9 @@ def rebuild_batches(table: pa.Table) -> bytes:
     ends = np.append(starts[1:], rows)
     # Python ints for struct: per-batch values, taken out of numpy once.
     max_millis = np.maximum.reduceat(millis, starts).tolist()
-    last_deltas = (offsets[ends - 1] - bases[starts]).tolist()
+    following = np.append(bases[starts[1:]], offsets[-1] + 1 if end_offset is None else end_offset)
+    last_offsets = np.maximum(offsets[ends - 1], following - 1)
+    last_deltas = (last_offsets - bases[starts]).tolist()
     bases_of_batches = bases[starts].tolist()
     first_millis_of_batches = millis[starts].tolist()
     batch_columns = {

@@ -145,6 +145,23 @@ class _Number:
 
 
 @dataclass(frozen=True, slots=True)
+class _Fraction:
+    """Kafka's ``Range.between(0, 1)`` on a double."""
+
+    type: ConfigType = ConfigType.DOUBLE
+
+    @property
+    def accepted(self) -> str:
+        return "a number between 0 and 1"
+
+    def normalise(self, text: str) -> str:
+        number = float(text.strip())  # ValueError if not a number
+        if not 0.0 <= number <= 1.0:  # also refuses NaN
+            raise ValueError(f"{number} is out of range")
+        return repr(number)
+
+
+@dataclass(frozen=True, slots=True)
 class _OneOf:
     """Kafka's ``ValidString.in(...)``: exactly one of the choices, case-sensitive."""
 
@@ -236,8 +253,14 @@ _NO_EFFECT = (
     " Accepted for compatibility and has no effect: Icefloe has no log segments (data lives in "
     "WAL objects, then Parquet files)."
 )
-_COMPACTION_LATER = (
-    " Accepted for compatibility; log compaction (cleanup.policy=compact) comes later."
+CLEANUP_POLICY_CONFIG: Final = "cleanup.policy"
+DELETE_RETENTION_CONFIG: Final = "delete.retention.ms"
+MIN_COMPACTION_LAG_CONFIG: Final = "min.compaction.lag.ms"
+MAX_COMPACTION_LAG_CONFIG: Final = "max.compaction.lag.ms"
+DIRTY_RATIO_CONFIG: Final = "min.cleanable.dirty.ratio"
+_LOG_COMPACTION = (
+    " Log compaction works on the topic's data files (Parquet), so records still in the "
+    "write-ahead log wait for compaction into Parquet first (icefloe.compaction.max.age.ms)."
 )
 
 TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
@@ -261,12 +284,29 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "there unless icefloe.table.retention is delete.",
             ),
             ConfigKey(
-                "cleanup.policy",
+                CLEANUP_POLICY_CONFIG,
                 _ListOf(("delete", "compact")),
                 "delete",
                 "delete: drop records older than retention.ms or beyond retention.bytes; "
-                "compact: keep the latest record per key (not enforced yet: a compact-only "
-                "topic keeps everything).",
+                "compact: keep the latest record per key (producers must give every record a "
+                "key); compact,delete: both." + _LOG_COMPACTION,
+            ),
+            ConfigKey(
+                DIRTY_RATIO_CONFIG,
+                _Fraction(),
+                "0.5",
+                "A compacted partition is cleaned once the bytes of its data files not yet "
+                "cleaned are at least this fraction of all its data files' bytes (or "
+                "max.compaction.lag.ms has passed, or a kept tombstone's delete.retention.ms "
+                "has)." + _LOG_COMPACTION,
+            ),
+            ConfigKey(
+                MAX_COMPACTION_LAG_CONFIG,
+                _Number(ConfigType.LONG, 1),
+                str(_LONG_RANGE[1]),
+                "Longest time a record may stay uncleaned on a compacted topic, in "
+                "milliseconds (counted from its timestamp): a partition whose oldest uncleaned "
+                "record is older is cleaned whatever min.cleanable.dirty.ratio says.",
             ),
             ConfigKey(
                 MAX_MESSAGE_BYTES_CONFIG,
@@ -385,17 +425,18 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "acknowledged write is already durable in the write-ahead log.",
             ),
             ConfigKey(
-                "delete.retention.ms",
+                DELETE_RETENTION_CONFIG,
                 _Number(ConfigType.LONG, 0),
                 str(24 * 3600 * 1000),
-                "How long delete markers (tombstones) are kept on compacted topics."
-                + _COMPACTION_LATER,
+                "How long delete markers (tombstones: records with a null value) stay on a "
+                "compacted topic, in milliseconds from the tombstone's timestamp.",
             ),
             ConfigKey(
-                "min.compaction.lag.ms",
+                MIN_COMPACTION_LAG_CONFIG,
                 _Number(ConfigType.LONG, 0),
                 "0",
-                "Minimum age of a record before compaction may remove it." + _COMPACTION_LATER,
+                "Minimum age of a record, from its timestamp, before log compaction may "
+                "remove it (a data file is cleaned only once its newest record is this old).",
             ),
         ),
         key=lambda k: k.name,
@@ -407,6 +448,11 @@ def time_partition(configs: Mapping[str, str]) -> TimePartition | None:
     """The time partitioning of a topic's tables, from its configs."""
     value = configs.get(TIME_PARTITION_CONFIG, "none")
     return None if value == "none" else TimePartition(value)
+
+
+def is_compacted(configs: Mapping[str, str]) -> bool:
+    """Whether a topic with ``configs`` is log-compacted (``cleanup.policy`` has ``compact``)."""
+    return "compact" in split_list(configs.get(CLEANUP_POLICY_CONFIG, "delete"))
 
 
 def split_list(text: str) -> list[str]:

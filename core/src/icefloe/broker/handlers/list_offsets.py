@@ -35,12 +35,10 @@ UNKNOWN: Final = -1
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     topics = []
+    committed = getattr(request, "isolation_level", 0) == READ_COMMITTED  # v2+
     for topic in request.topics:
         answers = [
-            await _list_offset(
-                ctx, module, topic.name, p, request.isolation_level == READ_COMMITTED
-            )
-            for p in topic.partitions
+            await _list_offset(ctx, module, topic.name, p, committed) for p in topic.partitions
         ]
         topics.append(
             make(module.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(answers))

@@ -5,7 +5,8 @@
   whose ``cleanup.policy`` does not include ``delete`` refuses with POLICY_VIOLATION, as
   Kafka's does. Any broker can do it; it is one compare-and-set in the metadata store.
 - **DescribeProducers** lists each partition's idempotent producers from the state storage
-  keeps for them (there are no transactions, so no transaction start offset).
+  keeps for them, with the start offset of each one's open transaction (a bound: the log end
+  when the partition joined it).
 - **DescribeLogDirs** reports one log directory, the object store that holds the data, with
   each partition this broker leads in Metadata (for the client's zone), so that the partitions
   of a cluster add up once over its brokers: its size is the bytes the offset index references
@@ -135,8 +136,10 @@ async def _producers(
     producers = ctx.broker.storage.producers
     try:
         found = await producers.describe(topic.streams[index], MAX_DESCRIBED_PRODUCERS)
+        marks = await ctx.broker.storage.transactions.stored_open_marks(topic.streams[index])
     except IcefloeError as exc:
         return answer(partitions.read_error(exc, f"describe producers {name}-{index}"))
+    open_since = {m.producer_id: m.first_offset for m in marks}
     return answer(
         ErrorCode.none,
         active=tuple(
@@ -147,7 +150,7 @@ async def _producers(
                 last_sequence=p.last_sequence,
                 last_timestamp=_UNKNOWN,
                 coordinator_epoch=_UNKNOWN,
-                current_txn_start_offset=_UNKNOWN,
+                current_txn_start_offset=open_since.get(p.producer_id, _UNKNOWN),
             )
             for p in found
         ),
