@@ -31,6 +31,7 @@ USERS: Final = "users/"
 ACLS: Final = "acls/"
 TRANSACTIONS: Final = "transactions/"
 TXN_OPEN: Final = "txn-open/"
+QUOTAS: Final = "quotas/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +232,15 @@ KEYSPACE: Final = (
         "icefloe.storage.transactions",
         "msgpack [epoch, first offset bound, transactional id]: a transaction that may write to "
         "the stream (the last stable offset is the least bound)",
+    ),
+    Prefix(
+        "QUOTAS",
+        QUOTAS,
+        "quotas/user/<user>/client-id/<client id>",
+        "icefloe.security.quotas",
+        "msgpack {quota key: value}: one client-quota entity's producer_byte_rate, "
+        "consumer_byte_rate, request_percentage and controller_mutation_rate; the key has "
+        "either part alone too, each name percent-encoded or <default>",
     ),
 )
 """Every key family, in the order ``docs/design.md`` shows them."""

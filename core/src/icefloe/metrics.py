@@ -57,6 +57,17 @@ CROSS_ZONE_BYTES: Final = Counter(
 AUTHENTICATIONS: Final = Counter(
     "icefloe_authentications", "SASL logins, by mechanism and result", ["mechanism", "result"]
 )
+QUOTA_THROTTLE_SECONDS: Final = Counter(
+    "icefloe_quota_throttle_seconds",
+    "Time clients over a quota were throttled (their connection muted), by the quota that "
+    "decided it: produce, fetch, request or controller_mutation",
+    ["quota"],
+)
+QUOTA_THROTTLED_RESPONSES: Final = Counter(
+    "icefloe_quota_throttled_responses",
+    "Responses that carried a throttle time, by the quota that decided it",
+    ["quota"],
+)
 CONNECTIONS: Final = Gauge("icefloe_connections", "Kafka client connections open now")
 CONNECTIONS_ACCEPTED: Final = Counter(
     "icefloe_connections_accepted", "Kafka client connections accepted"

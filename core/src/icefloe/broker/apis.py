@@ -71,6 +71,8 @@ SUPPORTED_APIS: Final[dict[int, Api]] = {
         _api(42, 0, 2, "groups:handle_delete_groups"),
         _api(44, 0, 1, "configs:handle_incremental_alter_configs"),
         _api(47, 0, 0, "offsets:handle_offset_delete"),
+        _api(48, 0, 1, "client_quotas:handle_describe_client_quotas"),
+        _api(49, 0, 1, "client_quotas:handle_alter_client_quotas"),
         _api(50, 0, 0, "scram_credentials:handle_describe_user_scram_credentials"),
         _api(51, 0, 0, "scram_credentials:handle_alter_user_scram_credentials"),
         _api(60, 0, 1, "cluster:handle_describe_cluster"),

@@ -11,6 +11,7 @@ from typing import Self
 
 from icefloe.broker.memory import ByteBudget, client_data_bytes
 from icefloe.broker.observability import OperatorEndpoints
+from icefloe.broker.quotas import QuotaManager
 from icefloe.broker.server import KafkaServer, Listener
 from icefloe.broker.stalls import StallDetector
 from icefloe.cluster import BrokerInfo, Cluster
@@ -23,6 +24,7 @@ from icefloe.security import tls
 from icefloe.security.acl_store import AclStore
 from icefloe.security.authorizer import Authorizer
 from icefloe.security.oauthbearer import TokenValidator
+from icefloe.security.quotas import QuotaStore
 from icefloe.security.users import UserStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
@@ -52,6 +54,9 @@ class Broker:
         self.users = UserStore(storage.metadata)
         self.acls = AclStore(storage.metadata)
         self.authorizer = Authorizer(config.security.acls, self.acls)
+        self.quota_store = QuotaStore(storage.metadata)
+        self.quotas = QuotaManager(self.quota_store, config.quotas)
+        """Client quotas: measures clients against them and throttles those over."""
         security = config.security
         self.tokens = (
             TokenValidator(security.oauthbearer)
@@ -98,6 +103,7 @@ class Broker:
         await self.topics.start()
         if self.authorizer.enabled:
             await self.acls.start()  # before the first client: no request goes unchecked
+        await self.quota_store.start()  # before the first client: quotas hold from the start
         listeners = await self._listen(self.options.port if port is None else port, index)
         _, _, bound = listeners[0]
         bound_metrics = None
@@ -168,6 +174,7 @@ class Broker:
         await self.cluster.leave()
         await self.topics.close()
         await self.acls.close()
+        await self.quota_store.close()
         await self.storage.close()
 
     async def _collect_orphans(self) -> None:

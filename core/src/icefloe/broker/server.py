@@ -103,6 +103,9 @@ class Connection:
     """Held by handlers for the part of their work that must follow request order."""
     holds: set[Held] = field(default_factory=set)
     """Memory held by requests not answered yet, released at the latest when it closes."""
+    throttled_until: float = 0.0
+    """While a client over its quota is throttled (``time.monotonic()``), else 0: no request
+    of the connection is started before then (:mod:`icefloe.broker.quotas`)."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,8 @@ class KafkaServer:
                 size = await self._read_size(reader)
                 if size is None:
                     return
+                if connection.throttled_until:
+                    await self._broker.quotas.unmuted(connection)  # KIP-219's muted channel
                 held = Held(connection.budget, self._memory, connection.holds)
                 # Back-pressure: read no further while this connection, or the broker as a
                 # whole, holds all the memory it may.
@@ -322,7 +327,11 @@ class KafkaServer:
         request = context.request
         started = time.perf_counter()
         try:
-            body = await self.handler(api)(context, request.body)
+            quotas = self._broker.quotas
+            if quotas.active:
+                body = await quotas.serve(context, self.handler(api))
+            else:
+                body = await self.handler(api)(context, request.body)
             _count_answer(api, request.api_version, body, time.perf_counter() - started)
             if body is NO_RESPONSE:
                 return None
