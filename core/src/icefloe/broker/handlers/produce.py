@@ -31,11 +31,13 @@ from icefloe.broker.server import NO_RESPONSE, NoResponse, RequestContext
 from icefloe.errors import IcefloeError, KafkaError
 from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage import batch
+from icefloe.storage.keyed import KeylessRecordsError
 from icefloe.topics import internal
 from icefloe.topics.configs import (
     LOG_APPEND_TIME,
     TIMESTAMP_TYPE_CONFIG,
     batch_limit,
+    is_compacted,
     stored_compression,
 )
 
@@ -70,6 +72,9 @@ class _Partition:
     """The broker's time stamped on the batch (a LogAppendTime topic)."""
     size: int = 0
     """Bytes of the batch the producer sent."""
+    record_errors: tuple[tuple[int, str], ...] = ()
+    """(batch index, message) of the records that failed validation (keyless records of a
+    compacted topic), for ProduceResponse v8+."""
 
     def fail(self, error: ErrorCode, message: str) -> None:
         self.error, self.message, self.pending = error, message, None
@@ -170,9 +175,14 @@ async def _submit(
                 max_batch_bytes=limit,
                 compression=stored_compression(configs),
                 log_append_time_ms=target.log_append_time_ms,
+                keys_required_for=f"{target.topic}-{target.index}"
+                if is_compacted(configs)
+                else None,
             )
         except IcefloeError as exc:
             target.fail(*_write_error(exc))
+            if isinstance(exc, KeylessRecordsError):
+                target.record_errors = exc.record_errors
 
 
 async def _complete(ctx: RequestContext, target: _Partition) -> None:
@@ -201,7 +211,7 @@ def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> A
                 base_offset=t.base_offset,
                 log_append_time=t.append_time(),
                 log_start_offset=t.log_start,
-                record_errors=(),
+                record_errors=_record_errors(module, t.record_errors),
                 error_message=t.message,
             )
         )
@@ -212,6 +222,16 @@ def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> A
             for name, answers in by_topic.items()
         ),
         throttle_time=_NO_THROTTLE,
+    )
+
+
+def _record_errors(module: Any, errors: tuple[tuple[int, str], ...]) -> tuple[Any, ...]:
+    """The response's record errors (v8+; earlier versions have no such field)."""
+    entity = getattr(module, "BatchIndexAndErrorMessage", None)
+    if entity is None:
+        return ()
+    return tuple(
+        make(entity, batch_index=i, batch_index_error_message=message) for i, message in errors
     )
 
 
