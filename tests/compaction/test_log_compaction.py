@@ -13,9 +13,14 @@ import pytest
 
 from icefloe.compaction.cleaner import CleanSettings, cleanable
 from icefloe.compaction.committer import Cleaned
-from icefloe.compaction.log_cleaning import KeyMap, surviving, tombstone_expiry_ms
-from icefloe.errors import KafkaError
-from icefloe.ports.compaction import CleanSpec
+from icefloe.compaction.log_cleaning import (
+    KeyMap,
+    check_offsets,
+    surviving,
+    tombstone_expiry_ms,
+)
+from icefloe.errors import CorruptDataError, KafkaError
+from icefloe.ports.compaction import CleanSpec, Source, StreamRange
 from icefloe.storage.batch import read_header
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.keyed import KeylessRecordsError
@@ -148,6 +153,17 @@ def test_the_key_map_keeps_the_latest_offset_across_many_additions() -> None:
     assert len(key_map) == 7
     latest = key_map.latest(pa.array([b"k0", b"k6", b"zz", None], pa.binary()))
     assert latest.tolist() == [414, 413, -1, -1]
+
+
+def test_stored_files_are_checked_and_an_empty_one_is_accepted() -> None:
+    table = rows((3, b"a", b"1"), (5, b"b", b"1"))
+    check_offsets(table, StreamRange(1, 0, 0, 10, "f", 0, 0, Source.PARQUET))
+    check_offsets(table.slice(0, 0), StreamRange(1, 0, 0, 10, "f", 0, 0, Source.PARQUET))
+    for start, end in ((4, 10), (0, 5)):
+        with pytest.raises(CorruptDataError):
+            check_offsets(table, StreamRange(1, 0, start, end, "f", 0, 0, Source.PARQUET))
+    with pytest.raises(CorruptDataError):
+        check_offsets(table.take([1, 0]), StreamRange(1, 0, 0, 10, "f", 0, 0, Source.PARQUET))
 
 
 # --- batches rebuilt with gaps -------------------------------------------------------------

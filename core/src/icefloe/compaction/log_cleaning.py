@@ -142,11 +142,11 @@ def read_rows(
 
 
 def check_offsets(table: pa.Table, r: StreamRange) -> None:
-    """Refuse a data file whose rows are not strictly increasing offsets within ``r``."""
+    """Refuse a data file whose rows are not strictly increasing offsets within ``r`` (a file
+    of no rows is fine: a range of transaction markers and aborted records only)."""
     offsets = np.asarray(table.column(OFFSET).to_numpy(), dtype=np.int64)
-    inside = (
-        len(offsets) > 0
-        and int(offsets[0]) >= r.start_offset
+    inside = len(offsets) == 0 or (
+        int(offsets[0]) >= r.start_offset
         and int(offsets[-1]) < r.end_offset
         and bool(np.all(offsets[1:] > offsets[:-1]))
     )
@@ -209,7 +209,7 @@ async def clean_stream(
             empty_from = r.start_offset if empty_from is None else empty_from
             continue
         if kept.num_rows == 0:
-            kept = table.slice(table.num_rows - 1)  # nothing survives: the last record stays
+            kept = table.slice(max(0, table.num_rows - 1))  # nothing survives: the last stays
         start = r.start_offset if empty_from is None else empty_from
         empty_from = None
         if previous is not None:
