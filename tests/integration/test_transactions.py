@@ -2,7 +2,8 @@
 confluent-kafka producer commits and aborts, interleaved with a plain producer; read_committed
 consumers see committed records only, read_uncommitted ones everything; offsets committed in a
 transaction apply only when it commits; a new producer instance fences the old one; a
-transaction left open past its timeout is aborted; admin tools describe and list them."""
+transaction left open past its timeout is aborted; admin tools describe and list them; a Java
+exactly-once pipeline survives SIGKILL; the tables hold committed records only, once."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.integration.test_compaction_clients import compacted, tables
 from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG, TRANSACTIONS, Tools, rows
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.table_readers import duckdb_rows
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +244,41 @@ def test_a_java_consume_transform_produce_loop_killed_and_restarted_is_exactly_o
 
     outputs = read_all(cluster, "out", "read_committed")
     assert sorted(outputs) == sorted(v.upper().encode() for v in inputs)
+
+
+def test_tables_hold_committed_records_once_and_no_markers(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    running = start_icefloe(data, env={"ICEFLOE_COMPACTOR__ENABLED": "false"})
+    try:
+        create(running, "ledger")
+        producer = transactional(running, "ledger-writer")
+        plain = Producer({"bootstrap.servers": running.bootstrap})
+        for round_ in range(4):
+            producer.begin_transaction()
+            for p in range(2):
+                producer.produce("ledger", f"kept-{round_}-{p}".encode(), partition=p)
+            plain.produce("ledger", f"plain-{round_}".encode(), partition=round_ % 2)
+            assert plain.flush(30) == 0
+            if round_ % 2:
+                producer.abort_transaction(30)
+            else:
+                producer.commit_transaction(30)
+        before = read_all(running, "ledger", "read_committed")
+    finally:
+        assert running.stop() == 0
+    expected = sorted(
+        [f"kept-{r}-{p}".encode() for r in (0, 2) for p in range(2)]
+        + [f"plain-{r}".encode() for r in range(4)]
+    )
+    assert sorted(before) == expected
+
+    running = compacted(data)  # the same log, compacted into the tables now
+    try:
+        # Served from Parquet now: the same committed records, and no markers.
+        assert sorted(read_all(running, "ledger", "read_committed")) == expected
+        assert sorted(read_all(running, "ledger", "read_uncommitted")) == expected
+        delta = next(row for row in tables(running) if row["format"] == "delta")
+        rows = duckdb_rows(f"delta_scan('{delta['location']}')")
+    finally:
+        assert running.stop() == 0
+    assert sorted(row[3] for row in rows) == expected

@@ -129,6 +129,7 @@ class TaskRecord:
                 [list(p) for p in self.task.output_paths],
                 [[s, str(unit)] for s, unit in self.task.time_partitions],
                 [[s, *astuple(spec)] for s, spec in self.task.cleaning],
+                [list(a) for a in self.task.aborted],
             ],
             "streams": [
                 [s.topic, s.partition, s.stream_id, s.replaced, s.retired] for s in self.streams
@@ -144,7 +145,7 @@ class TaskRecord:
     @classmethod
     def decode(cls, record: Record) -> TaskRecord:
         p = msgpack.unpackb(record.value, raw=False)
-        # Time partitions and cleaning specs: absent in older records.
+        # Time partitions, cleaning specs and aborted transactions: absent in older records.
         task_id, ranges, outputs, *rest = p["task"]
         task = CompactionTask(
             task_id,
@@ -152,6 +153,7 @@ class TaskRecord:
             tuple((int(s), str(k)) for s, k in outputs),
             tuple((int(s), TimePartition(unit)) for s, unit in (rest[0] if rest else ())),
             tuple((int(s), CleanSpec(*fields)) for s, *fields in (rest[1] if rest[1:] else ())),
+            tuple(_aborted(a) for a in (rest[2] if rest[2:] else ())),
         )
         files = None
         if p["files"] is not None:
@@ -172,6 +174,11 @@ class TaskRecord:
             TaskKind(p.get("kind", TaskKind.COMPACT)),
             record.version,
         )
+
+
+def _aborted(fields: list[int]) -> tuple[int, int, int, int]:
+    stream_id, producer_id, first_offset, marker_offset = (int(f) for f in fields)
+    return stream_id, producer_id, first_offset, marker_offset
 
 
 def _stream_range(fields: dict[str, Any]) -> StreamRange:

@@ -19,6 +19,7 @@ from icefloe.ports.compaction import CompactionTask, Source, StreamRange, data_f
 from icefloe.ports.table import TimePartition
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
+from icefloe.storage.transactions import TransactionMarks
 from icefloe.tables import layout
 from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, time_partition
 from icefloe.topics.registry import Topic
@@ -78,21 +79,48 @@ async def plan_task(
     now_ms: int,
     *,
     force: bool = False,
+    transactions: TransactionMarks | None = None,
 ) -> Plan | None:
-    """The next task, or ``None`` when nothing is due. ``force`` ignores ages and sizes."""
+    """The next task, or ``None`` when nothing is due. ``force`` ignores ages and sizes.
+
+    With ``transactions``, a stream is compacted only up to its last stable offset (records
+    of open transactions stay in the WAL until they are decided), and the task learns which
+    transactions in its ranges were aborted, to leave them out.
+    """
     budget = options.max_task_bytes
     chosen: list[StreamPlan] = []
+    aborted: list[tuple[int, int, int, int]] = []
     units = {t.name: unit for t in topics if (unit := time_partition(t.configs)) is not None}
     for topic in topics:
         for partition, stream_id in enumerate(topic.streams):
             wal_entries = [e async for e in index.entries(stream_id) if e.in_wal]
             entries = _due(wal_entries, topic, options, now_ms, force, budget)
+            if entries and transactions is not None:
+                entries = await _stable(transactions, stream_id, entries, aborted)
             if entries:
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
             if budget <= 0:
-                return plan_of(chosen, units, TaskKind.COMPACT)
-    return plan_of(chosen, units, TaskKind.COMPACT) if chosen else None
+                return plan_of(chosen, units, TaskKind.COMPACT, aborted)
+    return plan_of(chosen, units, TaskKind.COMPACT, aborted) if chosen else None
+
+
+async def _stable(
+    transactions: TransactionMarks,
+    stream_id: int,
+    entries: list[IndexEntry],
+    aborted: list[tuple[int, int, int, int]],
+) -> list[IndexEntry]:
+    """``entries`` up to the stream's last stable offset (read from the store, not a cache:
+    a record of an open transaction must never reach a table); adds to ``aborted`` the
+    aborted transactions they hold."""
+    marks = await transactions.stored_open_marks(stream_id)
+    stable = min((m.first_offset for m in marks), default=entries[-1].end)
+    entries = [e for e in entries if e.end <= stable]
+    if entries:
+        found = await transactions.aborted(stream_id, entries[0].start, entries[-1].end)
+        aborted += [(stream_id, a.producer_id, a.first_offset, a.marker_offset) for a in found]
+    return entries
 
 
 def _due(
@@ -122,14 +150,18 @@ def _due(
 
 
 def plan_of(
-    streams: Sequence[StreamPlan], units: Mapping[str, TimePartition], kind: TaskKind
+    streams: Sequence[StreamPlan],
+    units: Mapping[str, TimePartition],
+    kind: TaskKind,
+    aborted: Sequence[tuple[int, int, int, int]] = (),
 ) -> Plan:
     """The task reading every entry of ``streams`` (WAL chunks or whole data files) into one
-    file per stream, split by time for the topics in ``units``."""
+    file per stream, split by time for the topics in ``units``, leaving out ``aborted``
+    transactions (see :attr:`CompactionTask.aborted`)."""
     ranges = tuple(source_range(s, entry) for s in streams for entry in s.entries)
     outputs = tuple((s.stream_id, s.output_path) for s in streams)
     split = tuple((s.stream_id, units[s.topic]) for s in streams if s.topic in units)
-    task = CompactionTask(uuid.uuid4().hex, ranges, outputs, split)
+    task = CompactionTask(uuid.uuid4().hex, ranges, outputs, split, aborted=tuple(aborted))
     return Plan(task, tuple(streams), kind)
 
 

@@ -149,6 +149,7 @@ class Compactor:
             self._options,
             int(time.time() * 1000),
             force=force,
+            transactions=self.storage.transactions,
         )
         if plan is None:
             return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -33,7 +34,7 @@ from icefloe.ports.compaction import (
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TimePartition
 from icefloe.ports.wal import WAL
-from icefloe.storage.batch import read_header
+from icefloe.storage.batch import BatchHeader, read_header
 from icefloe.storage.parquet import RowBuilder, encode_data_file
 from icefloe.storage.row_schema import OFFSET, TIMESTAMP
 
@@ -73,8 +74,11 @@ async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[Wr
         stream_pieces.sort(key=lambda piece: piece[0].start_offset)
         if len({r.source for r, _ in stream_pieces}) != 1:
             raise ValueError(f"stream {stream_id}: a task may not mix WAL and Parquet sources")
-        rows = _merge_files if stream_pieces[0][0].source is Source.PARQUET else _decode_chunks
-        table = await asyncio.to_thread(rows, stream_id, stream_pieces)
+        if stream_pieces[0][0].source is Source.PARQUET:
+            table = await asyncio.to_thread(_merge_files, stream_id, stream_pieces)
+        else:
+            aborted = [a[1:] for a in task.aborted if a[0] == stream_id]
+            table = await asyncio.to_thread(_decode_chunks, stream_id, stream_pieces, aborted)
         unit = units.get(stream_id)
         first, last = stream_pieces[0][0].start_offset, stream_pieces[-1][0].end_offset
         for run, start, end in _runs(table, unit, first, last):
@@ -88,8 +92,11 @@ async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[Wr
     return written
 
 
-def _decode_chunks(stream_id: int, pieces: Pieces) -> pa.Table:
-    """A stream's rows from its WAL chunks (in offset order)."""
+def _decode_chunks(
+    stream_id: int, pieces: Pieces, aborted: Sequence[tuple[int, int, int]] = ()
+) -> pa.Table:
+    """A stream's rows from its WAL chunks (in offset order), without transaction markers and
+    the batches of ``aborted`` transactions ((producer id, first offset, marker offset))."""
     builder = RowBuilder(pieces[0][0].partition)
     expected = pieces[0][0].start_offset
     for r, chunk in pieces:
@@ -101,7 +108,10 @@ def _decode_chunks(stream_id: int, pieces: Pieces) -> pa.Table:
         position = 0
         while position < len(chunk):
             header = read_header(chunk, position)
-            builder.add_batch(chunk[position : position + header.size], offset)
+            if not header.is_control and not _aborted(header, offset, aborted):
+                # Compaction stops at the last stable offset: what is not aborted committed.
+                batch = chunk[position : position + header.size]
+                builder.add_batch(batch, offset, committed=header.is_transactional)
             offset += header.last_offset_delta + 1
             position += header.size
         if offset != r.end_offset:
@@ -110,6 +120,14 @@ def _decode_chunks(stream_id: int, pieces: Pieces) -> pa.Table:
             )
         expected = r.end_offset
     return builder.table()
+
+
+def _aborted(header: BatchHeader, offset: int, aborted: Sequence[tuple[int, int, int]]) -> bool:
+    """Whether the batch at ``offset`` belongs to one of the ``aborted`` transactions."""
+    return header.is_transactional and any(
+        producer == header.producer_id and first <= offset < marker
+        for producer, first, marker in aborted
+    )
 
 
 def _merge_files(stream_id: int, pieces: Pieces) -> pa.Table:

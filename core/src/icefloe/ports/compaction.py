@@ -88,6 +88,11 @@ class CompactionTask:
     time_partitions: tuple[tuple[int, TimePartition], ...] = ()
     """``(stream_id, hour or day)`` of the streams whose files split by record time."""
     cleaning: tuple[tuple[int, CleanSpec], ...] = ()
+    aborted: tuple[tuple[int, int, int, int], ...] = ()
+    """``(stream_id, producer id, first offset, marker offset)`` of the aborted transactions
+    whose records the task's WAL ranges may hold: they stay out of the data files, as do the
+    transaction markers (control batches) themselves, so the tables hold committed records
+    only."""
     """``(stream_id, spec)`` of the streams this task log-compacts (their sources are data
     files, each rewritten without the records the spec removes)."""
 

@@ -43,10 +43,19 @@ class RowBuilder:
         self.partition = partition
         self._columns: dict[str, list[object]] = {name: [] for name in ROW_SCHEMA.names}
 
-    def add_batch(self, batch: bytes | memoryview, base_offset: int) -> None:
-        """Decode one batch whose first record has offset ``base_offset``."""
+    def add_batch(
+        self, batch: bytes | memoryview, base_offset: int, *, committed: bool = False
+    ) -> None:
+        """Decode one batch whose first record has offset ``base_offset``.
+
+        ``committed``: the batch belongs to a committed transaction; its rows keep no
+        transactional bit, so it reads back as a plain batch (its markers are not kept, and a
+        read_committed consumer needs none for it).
+        """
         header, records = decode_batch(batch, base_offset=base_offset)
         attributes = header.attributes & ~_COMPRESSION_BITS
+        if committed:
+            attributes &= ~_TRANSACTIONAL_BIT
         timestamp_type = int(header.timestamp_type)
         c = self._columns
         for record in records:
@@ -102,21 +111,24 @@ def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
 def encode_data_file(
     table: pa.Table, start_offset: int, end_offset: int
 ) -> tuple[bytes, dict[str, Any]]:
-    """One data file of ``table`` (rows of a stream in offset order, at least one) covering
+    """One data file of ``table`` (rows of a stream in offset order) covering
     ``[start_offset, end_offset)``, and its facts (the fields of a ``WrittenFile``).
 
-    The range may hold more offsets than rows: log compaction leaves gaps, and a file's range
-    is what the offset index holds, not its first and last rows.
+    The range may hold more offsets than rows: log compaction leaves gaps, transaction markers
+    and aborted transactions leave gaps, and a file's range is what the offset index holds, not
+    its first and last rows. A range of markers and aborted records only is a file of no rows
+    (its timestamps -1, as Kafka answers "no timestamp").
     """
     data, groups = encode_parquet(table)
     timestamps = pc.min_max(table.column(TIMESTAMP).cast(pa.int64()))
+    least, most = timestamps["min"].as_py(), timestamps["max"].as_py()
     facts = {
         "record_count": table.num_rows,
         "start_offset": start_offset,
         "end_offset": end_offset,
         "row_groups": tuple((g.first, g.last) for g in groups),
-        "min_timestamp": timestamps["min"].as_py() // 1000,  # µs → ms
-        "max_timestamp": timestamps["max"].as_py() // 1000,
+        "min_timestamp": -1 if least is None else least // 1000,  # µs → ms
+        "max_timestamp": -1 if most is None else most // 1000,
     }
     return data, facts
 
