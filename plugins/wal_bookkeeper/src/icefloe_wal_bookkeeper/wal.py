@@ -116,6 +116,9 @@ class BookKeeperWAL(WAL):
         self._bk_exception = jpype.JClass("org.apache.bookkeeper.client.api.BKException")
         self._budget = _ByteBudget(options.max_inflight_bytes)
         self._closing: set[asyncio.Future[Any]] = set()
+        self._closing_writes: dict[int, asyncio.Future[Any]] = {}
+        """Background closes of ledgers this WAL wrote, by ledger id: a delete waits for its
+        ledger's close, which would otherwise fail on the deleted metadata (and say so)."""
         self._closed = False
 
     # --- life cycle -------------------------------------------------------------------------
@@ -199,7 +202,7 @@ class BookKeeperWAL(WAL):
             if len(self._closing) >= MAX_PENDING_CLOSES:
                 await self._close_ledger(handle)
             else:
-                self._close_in_background(handle)
+                self._close_in_background(handle, written=True)
         return str(ref)
 
     async def _read(self, ref: str, start: int, end: int | None) -> bytes:
@@ -230,6 +233,9 @@ class BookKeeperWAL(WAL):
             await self._check_ours(location, ref)
         except NotFoundError:
             return  # never a ledger of this WAL, or already gone
+        closing = self._closing_writes.get(location.ledger_id)
+        if closing is not None:
+            await asyncio.wait([closing], timeout=self._options.request_timeout)
         try:
             await self._java(
                 f"delete ledger {location.ledger_id}",
@@ -341,10 +347,14 @@ class BookKeeperWAL(WAL):
             created = min(created, ctime / 1000)
         return WalObjectInfo(str(location), location.size, created)
 
-    def _close_in_background(self, handle: Any) -> None:
+    def _close_in_background(self, handle: Any, *, written: bool = False) -> None:
         task = asyncio.ensure_future(self._close_ledger(handle))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+        if written:
+            ledger_id = int(handle.getId())
+            self._closing_writes[ledger_id] = task
+            task.add_done_callback(lambda _: self._closing_writes.pop(ledger_id, None))
 
     async def _close_ledger(self, handle: Any) -> None:
         try:
