@@ -7,7 +7,9 @@ exactly-once pipeline survives SIGKILL; the tables hold committed records only, 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.integration.test_compaction_clients import compacted, tables
 from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG, TRANSACTIONS, Tools, rows
-from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
 from tests.support.table_readers import duckdb_rows
 
 
@@ -282,3 +284,42 @@ def test_tables_hold_committed_records_once_and_no_markers(tmp_path: Path) -> No
     finally:
         assert running.stop() == 0
     assert sorted(row[3] for row in rows) == expected
+
+
+def test_a_broker_killed_mid_stream_leaves_every_transaction_whole(tmp_path: Path) -> None:
+    running = start_icefloe(tmp_path / "data", brokers=2)
+    try:
+        create(running, "chaos")
+        producer = transactional(running, "chaos-writer")
+        committed: list[bytes] = []
+        for n in range(30):
+            values = [f"t{n}-{i}".encode() for i in range(4)]
+            producer.begin_transaction()
+            for i, value in enumerate(values):
+                producer.produce("chaos", value, partition=i % 2)
+            if n in (8, 16):  # records in flight, the commit to come: serve restarts it
+                os.kill(broker_pids(running)[n // 8 - 1], signal.SIGKILL)
+            if _commit(producer):
+                committed += values
+        assert len(committed) >= 4 * 20  # most transactions made it through the kill
+        seen = read_all(running, "chaos", "read_committed")
+    finally:
+        running.stop()
+    assert sorted(seen) == sorted(committed)  # each committed record once, nothing else
+
+
+def _commit(producer: Producer) -> bool:
+    """Commit as an application should: retry what may be retried, abort what must be."""
+    for _ in range(10):
+        try:
+            producer.commit_transaction(30)
+            return True
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.retriable():
+                continue
+            if error.txn_requires_abort():
+                producer.abort_transaction(30)
+                return False
+            raise
+    raise AssertionError("commit kept failing")

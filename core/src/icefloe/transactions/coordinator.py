@@ -5,8 +5,10 @@ store, changed by compare-and-set, so brokers never need to agree on an owner: F
 names one (rendezvous hashing, for locality), but every broker answers correctly. What makes a
 transaction safe without a leader:
 
-- A partition joins a transaction only after its open mark (:mod:`icefloe.storage.transactions`)
-  is stored, so the partition's last stable offset holds back before any of its records exist.
+- A partition joins the transaction's state first, then gets its open mark
+  (:mod:`icefloe.storage.transactions`), and Produce takes the producer's records only once
+  the mark exists: the partition's last stable offset holds back before any of its records
+  exist, and finishing the transaction finds every mark through the state.
 - PREPARE_COMMIT / PREPARE_ABORT is stored before any marker is written: from then on the
   outcome is decided, and any broker may finish it (EndTxn retried, InitProducerId of the next
   producer instance, or the sweeper that every broker runs).
@@ -162,15 +164,21 @@ class TransactionCoordinator:
                     ErrorCode.invalid_request,
                     f"a transaction spans at most {MAX_PARTITIONS} partitions",
                 )
-            for stream_id in new.values():
-                # Before the state names the partition: its LSO must hold from now on.
-                first = await self._storage.log_end(stream_id)
-                mark = OpenMark(producer_id, epoch, first, transactional_id)
-                await self._marks.mark_open(stream_id, mark)
             begun = state.begun(now_ms())
             return replace(begun, partitions={**state.partitions, **new})
 
         await self._change(transactional_id, producer_id, epoch, add)
+        # Then the open marks, which let the producer write: the state names every partition
+        # that may have one, so finishing the transaction clears them all, whatever broker
+        # died when. A retry writes the marks a dead broker did not.
+        for stream_id in streams.values():
+            mark = await self._marks.open_mark(stream_id, producer_id)
+            if mark is None or mark.epoch != epoch:
+                first = await self._storage.log_end(stream_id)
+                if mark is not None:
+                    first = min(first, mark.first_offset)
+                opened = OpenMark(producer_id, epoch, first, transactional_id)
+                await self._marks.mark_open(stream_id, opened)
         return dict.fromkeys(wanted, ErrorCode.none)
 
     async def add_offsets(
@@ -211,8 +219,12 @@ class TransactionCoordinator:
         done = Status.COMPLETE_COMMIT if commit else Status.COMPLETE_ABORT
         for _ in range(_ATTEMPTS):
             state, version = await self._require(transactional_id, producer_id, epoch)
-            if state.status is done or (state.status is Status.EMPTY):
+            if state.status is done or state.status is Status.EMPTY:
                 return  # a retry of an EndTxn that completed, or nothing to end
+            if state.status.idle and not commit:
+                # An abort of a transaction none of whose partitions or offsets reached a
+                # coordinator (its broker died first): there is nothing to abort.
+                return
             if state.status.preparing:
                 if state.status is not wanted:
                     raise _state_error(state, "end it the other way")
