@@ -173,3 +173,17 @@ async def test_bad_requests_get_kafkas_errors(
     with pytest.raises(TransactionError) as no_group:
         await one.commit_offsets("tx", pid, epoch, "g", {("orders", 0): (1, -1, None)})
     assert no_group.value.error_code is ErrorCode.invalid_txn_state
+
+
+async def test_a_transactional_id_idle_past_its_expiration_is_forgotten(
+    pair: tuple[TransactionCoordinator, TransactionCoordinator],
+) -> None:
+    one, two = pair
+    await one.init_producer_id("old", 60_000, -1, -1)
+    await one.init_producer_id("recent", 60_000, -1, -1)
+    stored = await one._load("old")  # a test of the sweep, not of the clock
+    assert stored is not None
+    await one._store(replace(stored[0], updated_ms=0), stored[1])
+    assert await two.sweep() == 1
+    assert await two.describe("old") is None
+    assert await two.describe("recent") is not None

@@ -50,6 +50,9 @@ MAX_PARTITIONS: Final = 10_000
 MAX_ID_LENGTH: Final = 512
 SWEEP_INTERVAL_S: Final = 10.0
 """Kafka's ``transaction.abort.timed.out.transaction.cleanup.interval.ms``."""
+EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
+"""Kafka's ``transactional.id.expiration.ms``: an idle transactional id unused this long is
+forgotten (its next producer gets a new producer id)."""
 STUCK_AFTER_MS: Final = 10_000
 """A transaction prepared this long ago whose broker did not finish it is finished by others."""
 _ATTEMPTS: Final = 50
@@ -310,11 +313,15 @@ class TransactionCoordinator:
     # --- the sweeper ------------------------------------------------------------------------
 
     async def sweep(self) -> int:
-        """Abort transactions past their timeout and finish prepared ones that were left;
-        return how many were acted on. Every broker sweeps; compare-and-set keeps it safe."""
+        """Abort transactions past their timeout, finish prepared ones that were left, and
+        forget transactional ids idle past their expiration; return how many were acted on.
+        Every broker sweeps; compare-and-set keeps it safe."""
         acted = 0
         now = now_ms()
         for state in await self.list():
+            if state.status.idle and now - state.updated_ms > EXPIRATION_MS:
+                acted += await self._forget(state)
+                continue
             stuck = state.status.preparing and now - state.updated_ms > STUCK_AFTER_MS
             if not (state.timed_out(now) or stuck):
                 continue
@@ -333,6 +340,16 @@ class TransactionCoordinator:
                 await self._end_for_good(current, version)
                 acted += 1
         return acted
+
+    async def _forget(self, state: TransactionState) -> int:
+        stored = await self._load(state.transactional_id)
+        if stored is None or stored[0] != state:
+            return 0  # used again meanwhile
+        try:
+            await self._metadata.delete(_key(state.transactional_id), expected_version=stored[1])
+        except ConflictError:
+            return 0
+        return 1
 
     async def _sweep_forever(self) -> None:
         while True:
