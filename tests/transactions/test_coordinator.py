@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 from icefloe.groups.store import GroupStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record, build_batch
+from icefloe.storage.transactions import OpenMark
 from icefloe.topics.registry import TopicRegistry
 from icefloe.transactions import coordinator as coordinators
 from icefloe.transactions.coordinator import TransactionCoordinator, TransactionError
@@ -187,3 +188,23 @@ async def test_a_transactional_id_idle_past_its_expiration_is_forgotten(
     assert await two.sweep() == 1
     assert await two.describe("old") is None
     assert await two.describe("recent") is not None
+
+
+async def test_marks_written_after_the_transaction_ended_elsewhere_are_taken_back(
+    pair: tuple[TransactionCoordinator, TransactionCoordinator],
+    storage: StreamStorage,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one, two = pair
+    pid, epoch = await one.init_producer_id("tx", 60_000, -1, -1)
+    marks = storage.transactions
+    write_mark = marks.mark_open
+
+    async def ended_first(stream_id: int, mark: OpenMark) -> None:
+        await two.end("tx", pid, epoch, commit=False)  # another broker, before the mark lands
+        await write_mark(stream_id, mark)
+
+    monkeypatch.setattr(marks, "mark_open", ended_first)
+    with pytest.raises(TransactionError):
+        await one.add_partitions("tx", pid, epoch, [("orders", 0)])
+    assert await marks.stored_open_marks(await stream_of(storage, "orders")) == []

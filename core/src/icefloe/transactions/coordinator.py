@@ -182,6 +182,23 @@ class TransactionCoordinator:
                     first = min(first, mark.first_offset)
                 opened = OpenMark(producer_id, epoch, first, transactional_id)
                 await self._marks.mark_open(stream_id, opened)
+        # A timeout or a new instance may have ended the transaction meanwhile, its finisher
+        # not seeing these marks yet: take them back rather than leave them holding the LSO.
+        stored = await self._load(transactional_id)
+        current = None if stored is None else stored[0]
+        if current is None or (current.producer_id, current.epoch, current.status) != (
+            producer_id,
+            epoch,
+            Status.ONGOING,
+        ):
+            for stream_id in streams.values():
+                mark = await self._marks.open_mark(stream_id, producer_id)
+                if mark is not None and mark.epoch == epoch:
+                    await self._marks.clear_open(stream_id, producer_id)
+            raise TransactionError(
+                ErrorCode.producer_fenced,
+                f"the transaction of {transactional_id!r} ended while partitions were added",
+            )
         return dict.fromkeys(wanted, ErrorCode.none)
 
     async def add_offsets(
