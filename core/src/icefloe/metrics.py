@@ -68,6 +68,9 @@ QUOTA_THROTTLED_RESPONSES: Final = Counter(
     "Responses that carried a throttle time, by the quota that decided it",
     ["quota"],
 )
+for _quota in ("produce", "fetch", "request"):  # exported at 0 before any throttling
+    QUOTA_THROTTLE_SECONDS.labels(_quota)
+    QUOTA_THROTTLED_RESPONSES.labels(_quota)
 CONNECTIONS: Final = Gauge("icefloe_connections", "Kafka client connections open now")
 CONNECTIONS_ACCEPTED: Final = Counter(
     "icefloe_connections_accepted", "Kafka client connections accepted"
