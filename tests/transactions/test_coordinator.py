@@ -208,3 +208,18 @@ async def test_marks_written_after_the_transaction_ended_elsewhere_are_taken_bac
     with pytest.raises(TransactionError):
         await one.add_partitions("tx", pid, epoch, [("orders", 0)])
     assert await marks.stored_open_marks(await stream_of(storage, "orders")) == []
+
+
+async def test_offsets_beyond_what_one_state_can_hold_are_refused_and_the_state_kept(
+    pair: tuple[TransactionCoordinator, TransactionCoordinator],
+) -> None:
+    one, _ = pair
+    pid, epoch = await one.init_producer_id("tx", 60_000, -1, -1)
+    await one.add_offsets("tx", pid, epoch, "g")
+    huge = {(f"topic-{i}", 0): (i, -1, "m" * 4096) for i in range(300)}
+    with pytest.raises(TransactionError) as refused:
+        await one.commit_offsets("tx", pid, epoch, "g", huge)
+    assert refused.value.error_code is ErrorCode.invalid_request
+    state = await one.describe("tx")
+    assert state is not None
+    assert state.offsets == {}

@@ -35,7 +35,7 @@ from kio.schema.errors import ErrorCode
 from icefloe.errors import ConflictError, IcefloeError, KafkaError, NotFoundError
 from icefloe.groups.store import CommittedOffset, GroupStore
 from icefloe.keyspace import TRANSACTIONS, prefix_end
-from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
+from icefloe.ports.metadata import MAX_VALUE_BYTES, MUST_NOT_EXIST, MetadataStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.transactions import ABORT, COMMIT, AbortedTransaction, OpenMark, control_batch
 from icefloe.topics.registry import TopicRegistry
@@ -433,10 +433,17 @@ class TransactionCoordinator:
     async def _store(self, state: TransactionState, version: int | None) -> int | None:
         """Write ``state`` if the stored version is still ``version`` (``None``: absent);
         the new version, or ``None`` if another write came first."""
+        value = state.encode()
+        if len(value) > MAX_VALUE_BYTES:
+            raise TransactionError(
+                ErrorCode.invalid_request,
+                f"transaction {state.transactional_id!r} would hold too many partitions or "
+                f"offsets ({len(value)} bytes of state; at most {MAX_VALUE_BYTES})",
+            )
         try:
             record = await self._metadata.put(
                 _key(state.transactional_id),
-                state.encode(),
+                value,
                 expected_version=MUST_NOT_EXIST if version is None else version,
             )
         except ConflictError:

@@ -236,10 +236,14 @@ async def _stable_part(
     Transactional data of a producer this broker knows no open transaction of is checked in
     the store first: the notification of its transaction may not have arrived yet."""
     assert target.stream_id is not None
-    marks = storage.transactions
-    stable = await marks.confirm_stable_offset(
-        target.stream_id, result.next_offset, transactional_producers(result.data)
-    )
+    try:
+        stable = await storage.transactions.confirm_stable_offset(
+            target.stream_id, result.next_offset, transactional_producers(result.data)
+        )
+    except IcefloeError as exc:
+        target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
+        target.data = b""
+        return None
     if stable >= result.next_offset:
         target.held_back_to = None
         return result

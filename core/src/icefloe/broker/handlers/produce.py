@@ -274,6 +274,19 @@ async def _transaction_refusal(
     if len(records) < batch.HEADER_SIZE:
         return None  # validation reports the exact problem
     producer_id, epoch = _PRODUCER.unpack_from(records, _PRODUCER_ID_AT)
+    try:
+        return await _check_transaction(ctx, stream_id, transactional_id, producer_id, epoch)
+    except IcefloeError as exc:  # the store could not say: the client retries
+        return _write_error(exc)
+
+
+async def _check_transaction(
+    ctx: RequestContext,
+    stream_id: int,
+    transactional_id: str | None,
+    producer_id: int,
+    epoch: int,
+) -> tuple[ErrorCode, str] | None:
     if transactional_id is None:
         return (
             ErrorCode.invalid_record,
