@@ -11,36 +11,5 @@ DEST=.servers/kafka-$VERSION/lib
 POM=tests/bench/sidebyside/kafka-pom.xml
 REQUIRED=("kafka_2.13-$VERSION.jar" "kafka-tools-$VERSION.jar")
 
-complete() {
-  [ -e "$1/.complete" ] || return 1
-  for jar in "${REQUIRED[@]}"; do
-    [ -s "$1/$jar" ] || return 1
-  done
-}
-
-if complete "$DEST"; then
-  echo "kafka-jars $VERSION already installed"
-  exit 0
-fi
-for tool in java mvn; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "installing a JDK and Maven (Debian packages)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jdk-headless maven >/dev/null
-    break
-  fi
-done
-partial="$PWD/$DEST.partial"
-rm -rf "$partial"
-mkdir -p "$partial"
-command=(mvn -q -B -f "$POM" org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies
-  -DincludeScope=runtime "-DoutputDirectory=$partial")
-"${command[@]}"
-echo "${command[*]}" >"$partial/.complete"
-if ! complete "$partial"; then
-  echo "kafka-jars: Maven did not fetch ${REQUIRED[*]} into $partial" >&2
-  exit 1
-fi
-rm -rf "$DEST"
-mv "$partial" "$DEST"
-echo "kafka-jars $VERSION installed in $DEST ($(du -sh "$DEST" | cut -f1))"
+. scripts/lib/maven-dependencies.sh
+maven_dependencies "kafka-jars $VERSION" "$POM" "$DEST" "${REQUIRED[@]}"
