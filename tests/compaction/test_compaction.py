@@ -177,8 +177,9 @@ async def test_a_task_reads_each_wal_object_once(
     assert plan is not None
     store = storage.object_store
     gets = store.stats.requests[RequestKind.GET]
-    files = await execute(plan.task, storage.wal, store)
-    assert store.stats.requests[RequestKind.GET] - gets == len(plan.task.refs())
+    [task] = plan.tasks
+    files = await execute(task, storage.wal, store)
+    assert store.stats.requests[RequestKind.GET] - gets == len(task.refs())
     assert len(files) == 4
     table = pq.read_table(Path(tmp_path, "objects", files[0].path))
     assert table.column("offset").to_pylist() == list(range(30))

@@ -3,7 +3,8 @@ leaves every record exactly once in the stream and in every table format that is
 
 The saga runs compaction (WAL entries into data files, one per partition, or one per hour of
 an hourly table) and table maintenance (small data files merged into one); each is killed at
-every step, on the local store, and compaction also on S3 (MinIO)."""
+every step, on the local store, and compaction also on S3 (MinIO) and in runs of several tasks
+with two runs in flight (``runs``)."""
 
 from __future__ import annotations
 
@@ -40,12 +41,18 @@ def records(n: int, tag: str, step_ms: int = 1, first: int = 0) -> list[Record]:
     ]
 
 
-def saga_config(tmp_path: Path, store: str) -> Config:
+def saga_config(tmp_path: Path, store: str, work: str = "compact") -> Config:
     overrides: dict[str, Any] = {
         "data_dir": str(tmp_path),
         "storage": {"flush_interval_ms": 2},
         "table": {"formats": ["iceberg", "delta"]},
     }
+    if work == "runs":  # a partition's four WAL chunks in two tasks; a run per partition
+        overrides["compactor"] = {
+            "max_task_bytes": 1000,
+            "max_tasks_per_run": 2,
+            "max_runs_in_flight": 2,
+        }
     if store == "minio":
         overrides["object_store"] = {"backend": "s3", "s3": minio_options(uuid.uuid4().hex)}
     return load_config(env={}, overrides=overrides)
@@ -101,12 +108,18 @@ async def table_rows(compactor: Compactor, topic: str) -> dict[str, list[tuple[i
 @pytest.mark.parametrize("crash_at", CRASH_POINTS)
 @pytest.mark.parametrize(
     ("store", "work"),
-    [("local", "compact"), ("local", "rewrite"), ("local", "hourly"), ("minio", "compact")],
+    [
+        ("local", "compact"),
+        ("local", "rewrite"),
+        ("local", "hourly"),
+        ("minio", "compact"),
+        ("local", "runs"),
+    ],
 )
 async def test_a_compactor_killed_at_any_step_is_finished_by_the_next_one(
     tmp_path: Path, store: str, work: str, crash_at: str
 ) -> None:
-    config = saga_config(tmp_path, store)
+    config = saga_config(tmp_path, store, work)
     async with await StreamStorage.open(config) as storage:
         topics = TopicRegistry(storage)
         await topics.start()
@@ -131,6 +144,8 @@ async def test_a_compactor_killed_at_any_step_is_finished_by_the_next_one(
                 assert all(isinstance(e.location, ParquetLocation) for e in entries)
                 if work == "rewrite":
                     assert len(entries) == 1, "the small files were not merged into one"
+                if work == "runs":
+                    assert len(entries) == 2, "a partition's run was not cut into two tasks"
                 read = [(r.offset, r.value) for r in await storage.read_records(stream, 0, 1 << 24)]
                 assert read == expected[stream]
             assert await compactor.committer.unfinished() == []

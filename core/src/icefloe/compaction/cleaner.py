@@ -171,4 +171,4 @@ async def plan_clean(
     task = CompactionTask(
         uuid.uuid4().hex, ranges, outputs, tuple(sorted(units.items())), tuple(specs)
     )
-    return Plan(task, tuple(streams), TaskKind.CLEAN)
+    return Plan((task,), tuple(streams), TaskKind.CLEAN)

@@ -1,12 +1,14 @@
 """The compaction saga: files written → committed to each table format → index swapped.
 
-Each task is a record in the metadata store that moves through these states by
-compare-and-set; a crash anywhere leaves a record that the next leader finishes:
+Each run (one or more tasks, see :class:`~icefloe.compaction.planner.Plan`) is a record in the
+metadata store that moves through these states by compare-and-set; a crash anywhere leaves a
+record that the next leader finishes:
 
-``planned``   the task is chosen; running it writes the Parquet files (deterministic paths and
-              contents, so running it again is harmless).
-``written``   the files exist; the task holds one commit sequence per table, allocated before
-              any commit, so that each format can tell a replay from a new commit.
+``planned``   the run is chosen; running its tasks writes the Parquet files (deterministic
+              paths and contents, so running them again is harmless).
+``written``   the files of every task exist; the run holds one commit sequence per table,
+              allocated before any commit, so that each format can tell a replay from a new
+              commit. All of a run's files go to a table in that one commit.
 ``committed`` every enabled format has the new files and no longer has the retired ones (each
               format skips a sequence it already has).
 ``swapped``   for each stream, the index changed to match; the record is deleted.
@@ -19,6 +21,11 @@ a stream's data files (one new file for each, or for a run of files of which onl
 kept records), and once its entries are swapped records how far the stream is clean
 (``compaction/cleaned/<stream id>``: the end of the cleaned offsets and when the earliest
 tombstone kept may go), which the log-compaction planner reads.
+
+Several runs may be in flight (``[compactor] max_runs_in_flight``), but one at a time goes
+from ``planned`` to ``committed``: a run takes its sequences and commits them before another
+takes any, so tables receive sequences in order, and a crash leaves at most one run in
+``written`` (:meth:`Committer.unfinished` lists it before any ``planned`` one).
 
 The index swap keeps readers whole: the new Parquet entry is written under the key of the
 *last* entry it replaces (same end offset and cumulative size), then the other entries are
@@ -33,6 +40,7 @@ entry references any more are collected by :mod:`icefloe.storage.orphans`.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -106,9 +114,10 @@ class Cleaned:
 
 @dataclass
 class TaskRecord:
-    """The persisted state of one compaction task."""
+    """The persisted state of one run of compaction tasks."""
 
-    task: CompactionTask
+    run_id: str
+    tasks: list[CompactionTask]
     streams: list[TaskStream]
     state: SagaState = SagaState.PLANNED
     files: list[WrittenFile] | None = None
@@ -119,18 +128,17 @@ class TaskRecord:
 
     @property
     def key(self) -> str:
-        return TASKS + f"{self.created_ms:015d}-{self.task.task_id}"
+        return TASKS + f"{self.created_ms:015d}-{self.run_id}"
+
+    @property
+    def ranges(self) -> list[StreamRange]:
+        """Every range the run's tasks read."""
+        return [r for task in self.tasks for r in task.ranges]
 
     def encode(self) -> bytes:
         payload = {
-            "task": [
-                self.task.task_id,
-                [asdict(r) for r in self.task.ranges],
-                [list(p) for p in self.task.output_paths],
-                [[s, str(unit)] for s, unit in self.task.time_partitions],
-                [[s, *astuple(spec)] for s, spec in self.task.cleaning],
-                [list(a) for a in self.task.aborted],
-            ],
+            "run": self.run_id,
+            "tasks": [_encode_task(task) for task in self.tasks],
             "streams": [
                 [s.topic, s.partition, s.stream_id, s.replaced, s.retired] for s in self.streams
             ],
@@ -145,16 +153,8 @@ class TaskRecord:
     @classmethod
     def decode(cls, record: Record) -> TaskRecord:
         p = msgpack.unpackb(record.value, raw=False)
-        # Time partitions, cleaning specs and aborted transactions: absent in older records.
-        task_id, ranges, outputs, *rest = p["task"]
-        task = CompactionTask(
-            task_id,
-            tuple(_stream_range(r) for r in ranges),
-            tuple((int(s), str(k)) for s, k in outputs),
-            tuple((int(s), TimePartition(unit)) for s, unit in (rest[0] if rest else ())),
-            tuple((int(s), CleanSpec(*fields)) for s, *fields in (rest[1] if rest[1:] else ())),
-            tuple(_aborted(a) for a in (rest[2] if rest[2:] else ())),
-        )
+        # Records written before runs held several tasks have one, under "task".
+        tasks = [_decode_task(t) for t in p["tasks"]] if "tasks" in p else [_decode_task(p["task"])]
         files = None
         if p["files"] is not None:
             files = [
@@ -162,7 +162,8 @@ class TaskRecord:
                 for f in p["files"]
             ]
         return cls(
-            task,
+            p.get("run", tasks[0].task_id),
+            tasks,
             [
                 TaskStream(t, pa, s, list(ks), *map(list, rest))
                 for t, pa, s, ks, *rest in p["streams"]
@@ -174,6 +175,30 @@ class TaskRecord:
             TaskKind(p.get("kind", TaskKind.COMPACT)),
             record.version,
         )
+
+
+def _encode_task(task: CompactionTask) -> list[Any]:
+    return [
+        task.task_id,
+        [asdict(r) for r in task.ranges],
+        [list(p) for p in task.output_paths],
+        [[s, str(unit)] for s, unit in task.time_partitions],
+        [[s, *astuple(spec)] for s, spec in task.cleaning],
+        [list(a) for a in task.aborted],
+    ]
+
+
+def _decode_task(fields: list[Any]) -> CompactionTask:
+    # Time partitions, cleaning specs and aborted transactions: absent in older records.
+    task_id, ranges, outputs, *rest = fields
+    return CompactionTask(
+        task_id,
+        tuple(_stream_range(r) for r in ranges),
+        tuple((int(s), str(k)) for s, k in outputs),
+        tuple((int(s), TimePartition(unit)) for s, unit in (rest[0] if rest else ())),
+        tuple((int(s), CleanSpec(*fields)) for s, *fields in (rest[1] if rest[1:] else ())),
+        tuple(_aborted(a) for a in (rest[2] if rest[2:] else ())),
+    )
 
 
 def _aborted(fields: list[int]) -> tuple[int, int, int, int]:
@@ -222,16 +247,21 @@ class Committer:
         """Whether a stream (by topic name and stream id) is a partition of a live topic, not
         of a deleted one, nor of an older topic of the same name."""
         self._ensured: set[tuple[int, str]] = set()
+        self._committing = asyncio.Lock()
+        """Held from a run's sequence allocation to its last table commit (module docstring)."""
 
     async def unfinished(self) -> list[TaskRecord]:
-        """Tasks a previous leader started and did not finish, oldest first."""
+        """Runs a previous leader started and did not finish: those past ``planned`` first
+        (their sequences are older than any a planned run will take), then oldest first."""
         records = [r async for r in self._metadata.scan_all(TASKS, prefix_end(TASKS))]
-        return [TaskRecord.decode(r) for r in records]
+        decoded = [TaskRecord.decode(r) for r in records]
+        return sorted(decoded, key=lambda r: r.state is SagaState.PLANNED)
 
     async def start(self, plan: Plan) -> TaskRecord:
-        """Persist a new task in state ``planned``."""
+        """Persist a new run in state ``planned``."""
         record = TaskRecord(
-            plan.task,
+            plan.run_id,
+            list(plan.tasks),
             [
                 TaskStream(
                     s.topic,
@@ -249,22 +279,28 @@ class Committer:
         return record
 
     async def finish(self, record: TaskRecord) -> TaskRecord:
-        """Take a task from whatever state it is in to the end of the saga."""
+        """Take a run from whatever state it is in to the end of the saga."""
+        files = None
         if record.state is SagaState.PLANNED:
-            record.files = await self._engine.run([record.task]) if record.task.ranges else []
-            changed = {f.stream_id for f in record.files} | {
-                s.stream_id for s in record.streams if s.retired
-            }
-            record.sequences = {
-                topic: await counters.increment(self._metadata, f"table-sequence/{topic}")
-                for topic in sorted({s.topic for s in record.streams if s.stream_id in changed})
-            }
-            record.state = SagaState.WRITTEN
-            await self._save(record)
-        if record.state is SagaState.WRITTEN:
-            await self._commit_tables(record)
-            record.state = SagaState.COMMITTED
-            await self._save(record)
+            tasks = [task for task in record.tasks if task.ranges]
+            files = await self._engine.run(tasks) if tasks else []
+        async with self._committing:
+            if record.state is SagaState.PLANNED:
+                assert files is not None
+                record.files = files
+                changed = {f.stream_id for f in files} | {
+                    s.stream_id for s in record.streams if s.retired
+                }
+                record.sequences = {
+                    topic: await counters.increment(self._metadata, f"table-sequence/{topic}")
+                    for topic in sorted({s.topic for s in record.streams if s.stream_id in changed})
+                }
+                record.state = SagaState.WRITTEN
+                await self._save(record)
+            if record.state is SagaState.WRITTEN:
+                await self._commit_tables(record)
+                record.state = SagaState.COMMITTED
+                await self._save(record)
         if record.state is SagaState.COMMITTED:
             for stream in record.streams:
                 if not self._is_live(stream.topic, stream.stream_id):
@@ -484,12 +520,13 @@ def _entry_key(entry: IndexEntry) -> str:
 
 
 def describe(record: TaskRecord) -> dict[str, Any]:
-    """A summary of a task for logs and progress output."""
+    """A summary of a run for logs and progress output."""
     return {
-        "task": record.task.task_id,
+        "run": record.run_id,
+        "tasks": len(record.tasks),
         "state": record.state,
         "streams": len(record.streams),
         "kind": record.kind,
-        "sources": len(record.task.refs()),
+        "sources": len({r.ref for r in record.ranges}),
         "files": len(record.files or ()),
     }

@@ -174,8 +174,8 @@ async def sweep_orphans(
     # cutoff, so it is not a candidate.
     referenced = await committer.retired()
     for record in await committer.unfinished():
-        referenced.update(r.ref for r in record.task.ranges)
-        referenced.update(path for _, path in record.task.output_paths)
+        referenced.update(r.ref for r in record.ranges)
+        referenced.update(path for task in record.tasks for _, path in task.output_paths)
     for stream_id in topic.streams:
         async for entry in index.entries(stream_id):
             if isinstance(entry.location, ParquetLocation):

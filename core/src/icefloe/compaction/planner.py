@@ -3,14 +3,19 @@
 A stream's index is some Parquet entries (compacted) followed by WAL entries. A stream is due
 when its WAL part holds ``min_bytes`` or its oldest WAL entry is ``max_age_s`` old (topic configs
 may override both); then its WAL entries older than ``min_age_s`` are taken, oldest first.
-Streams are packed into one task up to ``max_task_bytes``, and a WAL object that several
-chosen streams share is read once.
+Streams are packed into one *run* of up to ``max_tasks_per_run`` tasks of about
+``max_task_bytes`` each (:func:`split_by_objects`): the tasks partition the run's WAL objects,
+so each object is still read once, and each stream's share of a task is one contiguous offset
+range, written as one data file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import itertools
 import uuid
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,9 +72,17 @@ class TaskKind(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    task: CompactionTask
+    """One run of the saga: its tasks (run by the engine together, committed together) and
+    the streams whose entries they replace."""
+
+    tasks: tuple[CompactionTask, ...]
     streams: tuple[StreamPlan, ...]
     kind: TaskKind = TaskKind.COMPACT
+
+    @property
+    def run_id(self) -> str:
+        """Names the run's saga record (its first task's id)."""
+        return self.tasks[0].task_id
 
 
 async def plan_task(
@@ -80,19 +93,24 @@ async def plan_task(
     *,
     force: bool = False,
     transactions: TransactionMarks | None = None,
+    busy: frozenset[int] = frozenset(),
 ) -> Plan | None:
-    """The next task, or ``None`` when nothing is due. ``force`` ignores ages and sizes.
+    """The next run, or ``None`` when nothing is due. ``force`` ignores ages and sizes.
+    ``busy`` streams (in a run not finished yet) are left out.
 
     With ``transactions``, a stream is compacted only up to its last stable offset (records
     of open transactions stay in the WAL until they are decided), and the task learns which
     transactions in its ranges were aborted, to leave them out.
     """
-    budget = options.max_task_bytes
+    budget = options.max_task_bytes * options.max_tasks_per_run
+    split = (options.max_task_bytes, options.max_tasks_per_run)
     chosen: list[StreamPlan] = []
     aborted: list[tuple[int, int, int, int]] = []
     units = {t.name: unit for t in topics if (unit := time_partition(t.configs)) is not None}
     for topic in topics:
         for partition, stream_id in enumerate(topic.streams):
+            if stream_id in busy:
+                continue
             wal_entries = [e async for e in index.entries(stream_id) if e.in_wal]
             entries = _due(wal_entries, topic, options, now_ms, force, budget)
             if entries and transactions is not None:
@@ -101,8 +119,8 @@ async def plan_task(
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
             if budget <= 0:
-                return plan_of(chosen, units, TaskKind.COMPACT, aborted)
-    return plan_of(chosen, units, TaskKind.COMPACT, aborted) if chosen else None
+                return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split)
+    return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split) if chosen else None
 
 
 async def _stable(
@@ -154,15 +172,121 @@ def plan_of(
     units: Mapping[str, TimePartition],
     kind: TaskKind,
     aborted: Sequence[tuple[int, int, int, int]] = (),
+    max_task_bytes: int | None = None,
+    max_tasks: int = 1,
 ) -> Plan:
-    """The task reading every entry of ``streams`` (WAL chunks or whole data files) into one
+    """The run reading every entry of ``streams`` (WAL chunks or whole data files) into one
     file per stream, split by time for the topics in ``units``, leaving out ``aborted``
-    transactions (see :attr:`CompactionTask.aborted`)."""
-    ranges = tuple(source_range(s, entry) for s in streams for entry in s.entries)
-    outputs = tuple((s.stream_id, s.output_path) for s in streams)
-    split = tuple((s.stream_id, units[s.topic]) for s in streams if s.topic in units)
-    task = CompactionTask(uuid.uuid4().hex, ranges, outputs, split, aborted=tuple(aborted))
-    return Plan(task, tuple(streams), kind)
+    transactions (see :attr:`CompactionTask.aborted`). With ``max_task_bytes``, WAL entries
+    are spread over up to ``max_tasks`` tasks of about that size (:func:`split_by_objects`);
+    otherwise one task."""
+    run_id = uuid.uuid4().hex
+    groups = [list(streams)]
+    if max_task_bytes is not None and all(e.in_wal for s in streams for e in s.entries):
+        groups = split_by_objects(streams, max_task_bytes, max_tasks)
+    tasks = []
+    for i, group in enumerate(groups):
+        ids = {s.stream_id for s in group}
+        task = CompactionTask(
+            run_id if len(groups) == 1 else f"{run_id}-{i}",
+            tuple(source_range(s, entry) for s in group for entry in s.entries),
+            tuple((s.stream_id, s.output_path) for s in group),
+            tuple((s.stream_id, units[s.topic]) for s in group if s.topic in units),
+            aborted=tuple(a for a in aborted if a[0] in ids),
+        )
+        tasks.append(task)
+    return Plan(tuple(tasks), tuple(streams), kind)
+
+
+def split_by_objects(
+    streams: Sequence[StreamPlan], max_bytes: int, max_tasks: int = 1 << 30
+) -> list[list[StreamPlan]]:
+    """``streams``' WAL entries cut into at most ``max_tasks`` groups of about ``max_bytes``
+    (more if there are too many groups) that share no WAL object, each stream's share of a
+    group one contiguous run of its entries.
+
+    WAL objects are ordered so that every stream's entries move forward through them: an
+    object comes before the one holding the stream's next entry. Objects whose orders cross
+    (two brokers writing chunks of the same streams in different orders) are one unit. The
+    units, in that order, are cut into consecutive groups, so each stream's entries in a
+    group are consecutive too.
+    """
+    after: dict[str, set[str]] = defaultdict(set)
+    size: dict[str, int] = defaultdict(int)
+    for s in streams:
+        refs = [_ref(e) for e in s.entries]
+        for entry, ref in zip(s.entries, refs, strict=True):
+            size[ref] += entry.size
+        for a, b in itertools.pairwise(refs):
+            if a != b:
+                after[a].add(b)
+    units = _ordered_components(list(size), after)
+    # A group closes once it holds the target: so no more than max_tasks groups.
+    target = max(max_bytes, -(-sum(size.values()) // max_tasks))
+    groups: list[set[str]] = [set()]
+    taken = 0
+    for unit in units:
+        if taken >= target:
+            groups.append(set())
+            taken = 0
+        groups[-1].update(unit)
+        taken += sum(size[ref] for ref in unit)
+    out = []
+    for objects in groups:
+        group = []
+        for s in streams:
+            entries = tuple(e for e in s.entries if _ref(e) in objects)
+            if entries:
+                group.append(dataclasses.replace(s, entries=entries))
+        out.append(group)
+    return out
+
+
+def _ref(entry: IndexEntry) -> str:
+    assert isinstance(entry.location, WalLocation)
+    return entry.location.ref
+
+
+def _ordered_components(nodes: list[str], after: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of the graph ``after`` (Tarjan's algorithm), in
+    topological order: a component comes before every component it has an edge to."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(after.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            child = next(edges, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        component.append(top)
+                        if top == node:
+                            break
+                    found.append(component)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(after.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    # Tarjan finds a component after every component it reaches: reversed is topological.
+    return found[::-1]
 
 
 def source_range(stream: StreamPlan, entry: IndexEntry) -> StreamRange:

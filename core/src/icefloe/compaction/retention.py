@@ -83,4 +83,4 @@ async def plan_expiry(storage: StreamStorage, topic: Topic, now_ms: int) -> Plan
             streams.append(StreamPlan(topic.name, partition, stream_id, tuple(expired)))
     if not streams:
         return None
-    return Plan(CompactionTask(uuid.uuid4().hex, (), ()), tuple(streams), TaskKind.EXPIRE)
+    return Plan((CompactionTask(uuid.uuid4().hex, (), ()),), tuple(streams), TaskKind.EXPIRE)

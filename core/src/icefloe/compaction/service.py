@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Final, Self
 
 from icefloe import config as configuration
@@ -45,8 +45,9 @@ BACKLOG_REPORT_INTERVAL_S: Final = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """What one task did, for progress reporting."""
+    """What one run did, for progress reporting."""
 
+    tasks: int
     streams: int
     records: int
     source_bytes: int
@@ -137,23 +138,58 @@ class Compactor:
             await table_format.close()
 
     async def compact_once(self, *, force: bool = False) -> Progress | None:
-        """Drop the tables of deleted topics and finish any unfinished task, then plan and run
-        one new task if one is due."""
+        """Drop the tables of deleted topics and finish any unfinished run, then plan and run
+        new runs if some are due: up to ``max_runs_in_flight`` of them, on disjoint streams."""
+        done: list[Progress] = []
+        await self._compact(force, done.append, self._options.max_runs_in_flight)
+        if not done:
+            return None
+        return Progress(*(sum(column) for column in zip(*(astuple(p) for p in done), strict=True)))
+
+    async def _compact(
+        self, force: bool, report: Callable[[Progress], None], max_runs: int | None
+    ) -> int:
+        """Compact in runs, at most ``max_runs_in_flight`` at once (each on streams no other
+        running one holds), until nothing is due or ``max_runs`` were planned; returns the
+        number of tasks."""
         await self.drop_deleted_topics()
         for record in await self.committer.unfinished():
-            log.info("resuming compaction task %s from %s", record.task.task_id, record.state)
+            log.info("resuming compaction run %s from %s", record.run_id, record.state)
             await self.committer.finish(record)
-        plan = await plan_task(
-            self.storage.index,
-            self.topics.cached(),
-            self._options,
-            int(time.time() * 1000),
-            force=force,
-            transactions=self.storage.transactions,
-        )
-        if plan is None:
-            return None
-        return await self._run(plan)
+        running: dict[asyncio.Task[Progress], Plan] = {}
+        planned = tasks = 0
+        try:
+            while True:
+                while len(running) < self._options.max_runs_in_flight and (
+                    max_runs is None or planned < max_runs
+                ):
+                    busy = frozenset(s.stream_id for p in running.values() for s in p.streams)
+                    plan = await plan_task(
+                        self.storage.index,
+                        self.topics.cached(),
+                        self._options,
+                        int(time.time() * 1000),
+                        force=force,
+                        transactions=self.storage.transactions,
+                        busy=busy,
+                    )
+                    if plan is None:
+                        break
+                    planned += 1
+                    running[asyncio.create_task(self._run(plan))] = plan
+                if not running:
+                    return tasks
+                finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for run in finished:
+                    del running[run]
+                    progress = run.result()
+                    tasks += progress.tasks
+                    report(progress)
+        finally:
+            # A failed run stops the others: they finish later, as unfinished runs.
+            for run in running:
+                run.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def drop_deleted_topics(self) -> int:
         """Drop the tables of deleted topics (:mod:`.dropping`); return how many topics."""
@@ -238,13 +274,9 @@ class Compactor:
         await self.collect_garbage(orphans=sweep)
 
     async def until_idle(self, report: Callable[[Progress], None] | None = None) -> int:
-        """Compact everything now (ignoring ages and sizes); return the number of tasks."""
-        tasks = 0
-        while (progress := await self.compact_once(force=True)) is not None:
-            tasks += 1
-            if report is not None:
-                report(progress)
-        return tasks
+        """Compact everything now (ignoring ages and sizes), ``max_runs_in_flight`` runs at a
+        time, reporting each run as it ends; return the number of tasks."""
+        return await self._compact(True, report or (lambda _: None), None)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Compete for leadership and compact every ``interval_s`` while leader."""
@@ -359,6 +391,7 @@ class _Waiting:
 def _progress(record: TaskRecord, source_bytes: int) -> Progress:
     files = record.files or []
     return Progress(
+        tasks=len(record.tasks),
         streams=len(record.streams),
         records=sum(f.record_count for f in files),
         source_bytes=source_bytes,

@@ -22,7 +22,14 @@ class CompactorOptions(BaseModel):
     """…or once this many WAL bytes wait, whichever comes first. (The topic configs
     ``icefloe.compaction.max.age.ms`` and ``icefloe.compaction.min.bytes`` override both.)"""
     max_task_bytes: int = Field(default=256 << 20, gt=0)
-    """WAL bytes one task reads at most (bounds a worker's memory)."""
+    """WAL bytes one task reads (bounds a worker's memory): a task closes once it holds this
+    much, so it may hold up to one WAL object (or one stream's chunk) more."""
+    max_tasks_per_run: int = Field(default=16, ge=1, le=1024)
+    """Tasks one run holds at most. A run's tasks go to the engine together (one Spark job,
+    a partition per task) and are committed together: one table commit per format and topic."""
+    max_runs_in_flight: int = Field(default=2, ge=1, le=64)
+    """Runs planned and not yet committed, at most: the planner waits for one to finish
+    before planning more (back-pressure between the planner and the engine)."""
     history_retention_s: float = Field(default=3600.0, gt=0)
     """Table snapshots/versions older than this are expired, so commit cost stays flat, and
     data files taken out of the tables are deleted this long after (topic config
