@@ -32,6 +32,7 @@ ACLS: Final = "acls/"
 TRANSACTIONS: Final = "transactions/"
 TXN_OPEN: Final = "txn-open/"
 QUOTAS: Final = "quotas/"
+SCHEMA_REGISTRY: Final = "schema-registry/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ KEYSPACE: Final = (
     Prefix(
         "COUNTERS",
         COUNTERS,
-        "counters/<name: stream-id, producer-id, node-id, table-sequence/<topic>>",
+        "counters/<name: stream-id, producer-id, node-id, table-sequence/<topic>, schema-id>",
         "icefloe.storage.counters",
         "the counter's value, in decimal, advanced by compare-and-set",
         readers=("icefloe.storage.keys",),
@@ -241,6 +242,49 @@ KEYSPACE: Final = (
         "msgpack {quota key: value}: one client-quota entity's producer_byte_rate, "
         "consumer_byte_rate, request_percentage and controller_mutation_rate; the key has "
         "either part alone too, each name percent-encoded or <default>",
+    ),
+    Prefix(
+        "SCHEMA_REGISTRY",
+        SCHEMA_REGISTRY,
+        "schema-registry/ids/<schema id, 10 digits>",
+        "icefloe.schemas.store",
+        "msgpack [schema type, schema text, [[name, subject, version], ...]]: a registered "
+        "schema; never changed once written",
+    ),
+    Prefix(
+        "SCHEMA_REGISTRY",
+        SCHEMA_REGISTRY,
+        "schema-registry/fingerprints/<SHA-256 of type, canonical text and references>",
+        "icefloe.schemas.store",
+        "the schema id, in decimal: one id per distinct schema, claimed by compare-and-set",
+    ),
+    Prefix(
+        "SCHEMA_REGISTRY",
+        SCHEMA_REGISTRY,
+        "schema-registry/subjects/<subject, percent-encoded>/<version, 10 digits>",
+        "icefloe.schemas.store",
+        "msgpack [schema id, soft-deleted]: one version of a subject",
+    ),
+    Prefix(
+        "SCHEMA_REGISTRY",
+        SCHEMA_REGISTRY,
+        "schema-registry/referenced/<subject, percent-encoded>/<version, 10 digits>/<schema id>",
+        "icefloe.schemas.store",
+        "empty: the schema id references that subject version",
+    ),
+    Prefix(
+        "SCHEMA_REGISTRY",
+        SCHEMA_REGISTRY,
+        "schema-registry/<config or mode>/<subject, percent-encoded>",
+        "icefloe.schemas.store",
+        "a subject's compatibility level (NONE, BACKWARD, …) or mode (READWRITE, READONLY, IMPORT)",
+    ),
+    Prefix(
+        "SCHEMA_REGISTRY",
+        SCHEMA_REGISTRY,
+        "schema-registry/<global-config or global-mode>",
+        "icefloe.schemas.store",
+        "the compatibility level or mode of subjects that have none of their own",
     ),
 )
 """Every key family, in the order ``docs/design.md`` shows them."""

@@ -42,6 +42,7 @@ from icefloe.config.cost import CostPrices
 from icefloe.config.groups import GroupOptions
 from icefloe.config.metrics import MetricsOptions
 from icefloe.config.quotas import QuotaOptions
+from icefloe.config.schema_registry import SchemaRegistryOptions
 from icefloe.config.security import SecurityOptions
 from icefloe.config.storage import StorageOptions
 from icefloe.errors import ConfigError, IcefloeError, PluginError
@@ -152,6 +153,7 @@ class Config(BaseModel):
     cost: CostPrices = CostPrices()
     security: SecurityOptions = SecurityOptions()
     quotas: QuotaOptions = QuotaOptions()
+    schema_registry: SchemaRegistryOptions = SchemaRegistryOptions()
 
     _env_names: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
     """The environment variable behind each key it set, so that errors found later (by
