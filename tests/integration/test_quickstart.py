@@ -53,6 +53,7 @@ def test_readme_run_command_serves_kafka_and_lands_topics_in_tables(tmp_path: Pa
         PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}",
         ICEFLOE_BROKER__PORT=str(port),
         ICEFLOE_METRICS__PORT="0",
+        ICEFLOE_SCHEMA_REGISTRY__PORT="0",
         ICEFLOE_COMPACTOR__MAX_AGE_S="1",
         ICEFLOE_COMPACTOR__MIN_AGE_S="0",
         ICEFLOE_COMPACTOR__INTERVAL_S="0.5",

@@ -24,7 +24,12 @@ def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subp
     return subprocess.Popen(
         [sys.executable, "-m", "icefloe", "serve", *args],
         cwd=tmp_path,
-        env={**environment, "ICEFLOE_METRICS__PORT": "0", **(env or {})},
+        env={
+            **environment,
+            "ICEFLOE_METRICS__PORT": "0",
+            "ICEFLOE_SCHEMA_REGISTRY__PORT": "0",
+            **(env or {}),
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

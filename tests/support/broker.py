@@ -17,6 +17,7 @@ from tests.support.servers import free_port, port_open
 
 READY_LINE = "Icefloe is serving Kafka at "
 METRICS_LINE = "Metrics and health: "
+REGISTRY_LINE = "Schema registry: "
 
 
 @dataclass
@@ -32,6 +33,8 @@ class RunningIcefloe:
     output: list[str] = field(default_factory=list)
     metrics_urls: list[str] = field(default_factory=list)
     """Each broker's /metrics address, as `serve` printed them."""
+    registry_urls: list[str] = field(default_factory=list)
+    """Each broker's schema registry address, as `serve` printed them."""
 
     @property
     def bootstrap(self) -> str:
@@ -106,6 +109,7 @@ def _start_once(
     # Tests want quick acknowledgements more than few WAL objects.
     environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
     environment.setdefault("ICEFLOE_METRICS__PORT", "0")  # free ports, printed by serve
+    environment.setdefault("ICEFLOE_SCHEMA_REGISTRY__PORT", "0")
     environment.update(env or {})
     log_path = data_dir.parent / f"{data_dir.name}-serve.log"
     log = log_path.open("w")
@@ -140,6 +144,12 @@ def _start_once(
                 metrics_line = process.stdout.readline()  # printed right after
                 running.output.append(metrics_line)
                 running.metrics_urls = metrics_line.removeprefix(METRICS_LINE).strip().split(", ")
+            if environment.get("ICEFLOE_SCHEMA_REGISTRY__ENABLED", "true") != "false" and not (
+                environment.get("ICEFLOE_SCHEMA_REGISTRY__URL")
+            ):
+                line = process.stdout.readline()  # printed after the metrics line
+                running.output.append(line)
+                running.registry_urls = line.removeprefix(REGISTRY_LINE).strip().split(", ")
             return running
     running.stop()
     raise RuntimeError(f"icefloe serve did not start: {log_path.read_text()[-3000:]}")

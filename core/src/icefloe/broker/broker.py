@@ -20,6 +20,7 @@ from icefloe.config import Config
 from icefloe.config.broker import BrokerOptions
 from icefloe.errors import ConfigError, IcefloeError
 from icefloe.groups.coordinator import GroupCoordinator
+from icefloe.schemas.http import RegistryServer
 from icefloe.security import tls
 from icefloe.security.acl_store import AclStore
 from icefloe.security.authorizer import Authorizer
@@ -66,6 +67,9 @@ class Broker:
         """Checks OAUTHBEARER tokens, where they are offered."""
         self.stalls = StallDetector()
         self.endpoints: OperatorEndpoints | None = None
+        self.schema_registry: RegistryServer | None = None
+        self.schema_registry_port: int | None = None
+        """Where this broker serves the schema registry API, if it does."""
         self._stall_watch: asyncio.Task[None] | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._compactor: Compactor | None = None
@@ -88,7 +92,11 @@ class Broker:
         return self.cluster.me
 
     async def start(
-        self, port: int | None = None, metrics_port: int | None = None, index: int = 0
+        self,
+        port: int | None = None,
+        metrics_port: int | None = None,
+        index: int = 0,
+        registry_port: int | None = None,
     ) -> BrokerInfo:
         """Listen for clients and register in the cluster; return this broker's record.
 
@@ -98,6 +106,8 @@ class Broker:
                 (0 picks a free one); ``None`` serves none.
             index: This broker's index among those ``serve`` runs: added to the port of each
                 further listener (``[security] listeners``).
+            registry_port: Serve the schema registry API (:mod:`icefloe.schemas.http`) on this
+                port (0 picks a free one); ``None`` serves none.
         """
         self._stall_watch = asyncio.create_task(self.stalls.run(), name="stall-detector")
         await self.topics.start()
@@ -111,6 +121,20 @@ class Broker:
             self.endpoints = OperatorEndpoints(self)
             host = self.config.metrics.host or self.options.host
             bound_metrics = self.endpoints.start(host, metrics_port, self._metrics_tls())
+        if registry_port is not None:
+            self.schema_registry = RegistryServer(self.storage.metadata)
+            host = self.config.schema_registry.host or self.options.host
+            tls_context = self._https(self.config.schema_registry.tls, "[schema_registry]")
+            try:
+                self.schema_registry_port = await self.schema_registry.start(
+                    host, registry_port, tls_context
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve the schema registry on {host}:{registry_port}: "
+                    f"{exc.strerror or exc}; choose another [schema_registry] port, or set "
+                    "[schema_registry] enabled = false"
+                ) from None
         advertised = self.options.advertised_host or self.options.host
         info = await self.cluster.join(
             advertised, bound, self.options.zone, self.options.node_id, bound_metrics, listeners
@@ -127,11 +151,14 @@ class Broker:
         return info
 
     def _metrics_tls(self) -> ssl.SSLContext | None:
-        if not self.config.metrics.tls:
+        return self._https(self.config.metrics.tls, "[metrics]")
+
+    def _https(self, wanted: bool, section: str) -> ssl.SSLContext | None:
+        if not wanted:
             return None
         if self.config.security.tls.certfile is None:
             raise ConfigError(
-                "[metrics] tls = true needs a certificate: set [security.tls] certfile "
+                f"{section} tls = true needs a certificate: set [security.tls] certfile "
                 "(and keyfile)"
             )
         return tls.server_context(self.config.security.tls)
@@ -168,6 +195,8 @@ class Broker:
         await self.server.close()
         if self.endpoints is not None:
             await self.endpoints.close()
+        if self.schema_registry is not None:
+            await self.schema_registry.close()
         await self.transactions.stop()
         await self.groups.stop()  # hands this broker's group leases over at once
         await self.storage.flush()

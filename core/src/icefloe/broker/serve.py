@@ -69,7 +69,12 @@ class StartFailed(Exception):
 
 
 def run_broker(
-    config: Config, index: int, port: int, metrics_port: int | None, report: Connection
+    config: Config,
+    index: int,
+    port: int,
+    metrics_port: int | None,
+    report: Connection,
+    registry_port: int | None = None,
 ) -> None:
     """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
@@ -83,7 +88,7 @@ def run_broker(
         broker: Broker | None = None
         try:
             broker = await Broker.open(config)
-            info = await broker.start(port, metrics_port, index)
+            info = await broker.start(port, metrics_port, index, registry_port)
         except Exception as exc:  # noqa: BLE001 - every cause becomes one line for the parent
             report.send(("failed", startup_failure(exc, config, port)))
             if broker is not None:
@@ -93,8 +98,12 @@ def run_broker(
         # What exists now (modules, schemas, plugins) lives as long as the process: keep it out
         # of the collector's full passes, which otherwise stall the loop for 100-200 ms each.
         gc.freeze()
+        registry = broker.schema_registry_port
         report.send(
-            ("ready", (info.node_id, info.host, info.port, info.metrics_port, info.listeners))
+            (
+                "ready",
+                (info.node_id, info.host, info.port, info.metrics_port, info.listeners, registry),
+            )
         )
         try:
             await stop.wait()
@@ -173,14 +182,14 @@ def serve(config: Config, brokers: int) -> int:
         _stop_all(children)
         return 0
     host = started[0][1]
-    ports = sorted(p for _, _, p, _, _ in started)
+    ports = sorted(p for _, _, p, *_ in started)
     print(
         f"Icefloe is serving Kafka at {host}:{base} "
         f"({brokers} broker{'s' if brokers > 1 else ''} on ports {ports[0]}-{ports[-1]}; "
         f"data in {config.data_dir})",
         flush=True,
     )
-    metrics_ports = [m for _, _, _, m, _ in started if m is not None]
+    metrics_ports = [m for _, _, _, m, *_ in started if m is not None]
     if metrics_ports:
         metrics_host = config.metrics.host or host
         print(
@@ -190,7 +199,17 @@ def serve(config: Config, brokers: int) -> int:
             ),
             flush=True,
         )
-    further = [f"{n}://{h}:{p}" for *_, listeners in started for n, h, p in listeners[1:]]
+    registry_ports = [r for *_, r in started if r is not None]
+    if registry_ports:
+        registry_host = config.schema_registry.host or host
+        print(
+            "Schema registry: "
+            + ", ".join(
+                f"{config.schema_registry.scheme}://{registry_host}:{r}" for r in registry_ports
+            ),
+            flush=True,
+        )
+    further = [f"{n}://{h}:{p}" for *_, listeners, _ in started for n, h, p in listeners[1:]]
     if further:
         print(f"Further listeners: {', '.join(further)}", flush=True)
     try:
@@ -290,7 +309,14 @@ def _start(config: Config, index: int, port: int) -> _Child:
     reports, report = _SPAWN.Pipe(duplex=False)
     process = _SPAWN.Process(
         target=run_broker,
-        args=(config, index, port, metrics_port(config, index), report),
+        args=(
+            config,
+            index,
+            port,
+            metrics_port(config, index),
+            report,
+            registry_port(config, index),
+        ),
         name=f"broker-{index}",
     )
     process.start()
@@ -302,6 +328,14 @@ def metrics_port(config: Config, index: int) -> int | None:
     """The metrics port of the ``index``-th broker (``None``: metrics are off)."""
     options = config.metrics
     if not options.enabled:
+        return None
+    return options.port + index if options.port else 0
+
+
+def registry_port(config: Config, index: int) -> int | None:
+    """The schema registry port of the ``index``-th broker (``None``: it serves none)."""
+    options = config.schema_registry
+    if not options.served:
         return None
     return options.port + index if options.port else 0
 

@@ -1,0 +1,142 @@
+"""The registry's HTTP API against hostile and malformed input: each refusal is Confluent's
+error code, and the registry keeps serving what it held. Served by aiohttp on the embedded
+metadata store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
+from icefloe.ports.base import OpenContext
+from icefloe.schemas.http import MAX_BODY_BYTES, RegistryApi
+
+RECORD = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]})
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
+    metadata = await SqliteMetadataStore.open(
+        SqliteMetadataStore.options_model(), OpenContext(data_dir=tmp_path)
+    )
+    async with TestClient(TestServer(RegistryApi(metadata).app())) as client:
+        yield client
+    await metadata.close()
+
+
+async def call(
+    client: TestClient[Any, Any], method: str, path: str, body: Any = None, raw: bytes | None = None
+) -> tuple[int, Any]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    async with client.request(method, path, data=data) as response:
+        assert response.content_type == "application/vnd.schemaregistry.v1+json"
+        return response.status, await response.json(content_type=None)
+
+
+async def test_malformed_requests_get_confluent_error_codes(
+    client: TestClient[Any, Any],
+) -> None:
+    status, body = await call(client, "POST", "/subjects/s/versions", {"schema": RECORD})
+    assert (status, body["id"], body["version"]) == (200, 1, 1)
+    cases: list[tuple[str, str, Any, bytes | None, int, int]] = [
+        ("POST", "/subjects/s/versions", None, b"{not json", 400, 400),
+        ("POST", "/subjects/s/versions", None, b"[1, 2]", 422, 422),
+        ("POST", "/subjects/s/versions", None, b"[" * 100_000, 400, 400),
+        ("POST", "/subjects/s/versions", None, b"x" * (MAX_BODY_BYTES + 1), 413, 413),
+        ("POST", "/subjects/s/versions", {}, None, 422, 42201),
+        ("POST", "/subjects/s/versions", {"schema": 5}, None, 422, 42201),
+        ("POST", "/subjects/s/versions", {"schema": "{nope"}, None, 422, 42201),
+        ("POST", "/subjects/s/versions", {"schema": '{"type": "zzz"}'}, None, 422, 42201),
+        ("POST", "/subjects/s/versions", {"schema": "[" * 5000 + "]" * 5000}, None, 422, 42201),
+        ("POST", "/subjects/s/versions", {"schema": RECORD, "schemaType": "XML"}, None, 422, 42201),
+        (
+            "POST",
+            "/subjects/s/versions",
+            {"schema": '{"type": 12}', "schemaType": "JSON"},
+            None,
+            422,
+            42201,
+        ),
+        (
+            "POST",
+            "/subjects/s/versions",
+            {"schema": "message {", "schemaType": "PROTOBUF"},
+            None,
+            422,
+            42201,
+        ),
+        (
+            "POST",
+            "/subjects/s/versions",
+            {"schema": RECORD, "references": [{"name": "x", "subject": "nope", "version": 1}]},
+            None,
+            422,
+            42201,
+        ),
+        ("POST", "/subjects/s/versions", {"schema": RECORD, "references": "x"}, None, 422, 42201),
+        ("POST", "/subjects/s/versions", {"schema": RECORD, "id": 7}, None, 422, 42205),
+        ("POST", "/subjects/" + "a" * 300 + "/versions", {"schema": RECORD}, None, 422, 42208),
+        ("POST", "/subjects/a%01b/versions", {"schema": RECORD}, None, 422, 42208),
+        ("GET", "/schemas/ids/abc", None, None, 404, 40403),
+        ("GET", "/schemas/ids/99999999999999999999", None, None, 404, 40403),
+        ("GET", "/schemas/ids/2", None, None, 404, 40403),
+        ("GET", "/subjects/nope/versions", None, None, 404, 40401),
+        ("GET", "/subjects/s/versions/2", None, None, 404, 40402),
+        ("GET", "/subjects/s/versions/0", None, None, 422, 42202),
+        ("GET", "/subjects/s/versions/-2", None, None, 422, 42202),
+        ("GET", "/subjects/s/versions/1e3", None, None, 422, 42202),
+        ("PUT", "/config", {"compatibility": "SIDEWAYS"}, None, 422, 42203),
+        ("PUT", "/config/s", {"compatibility": ["FULL"]}, None, 422, 42203),
+        ("PUT", "/mode", {"mode": "SOMETIMES"}, None, 422, 42204),
+        ("GET", "/config/s", None, None, 404, 40408),
+        ("GET", "/mode/s", None, None, 404, 40409),
+        ("GET", "/no/such/route", None, None, 404, 404),
+        ("PATCH", "/subjects", None, None, 405, 405),
+        ("DELETE", "/subjects/s/versions/1?permanent=true", None, None, 404, 40407),
+    ]
+    for method, path, body, raw, want_status, want_code in cases:
+        status, answer = await call(client, method, path, body, raw)
+        assert (status, answer.get("error_code")) == (want_status, want_code), (
+            method,
+            path[:60],
+            answer,
+        )
+        assert isinstance(answer["message"], str)
+    # Nothing changed: the one schema is still there, under its id.
+    assert await call(client, "GET", "/subjects") == (200, ["s"])
+    status, body = await call(client, "GET", "/schemas/ids/1")
+    assert json.loads(body["schema"]) == json.loads(RECORD)
+
+
+async def test_soft_then_hard_delete_follow_confluents_rules(
+    client: TestClient[Any, Any],
+) -> None:
+    await call(client, "PUT", "/config/s", {"compatibility": "NONE"})
+    for field in ("a", "b"):
+        schema = json.dumps(
+            {"type": "record", "name": "R", "fields": [{"name": field, "type": "int"}]}
+        )
+        assert (await call(client, "POST", "/subjects/s/versions", {"schema": schema}))[0] == 200
+    assert await call(client, "DELETE", "/subjects/s/versions/1") == (200, 1)
+    _, body = await call(client, "DELETE", "/subjects/s/versions/1")
+    assert body["error_code"] == 40406
+    assert await call(client, "GET", "/subjects/s/versions") == (200, [2])
+    assert await call(client, "GET", "/subjects/s/versions?deleted=true") == (200, [1, 2])
+    _, body = await call(client, "DELETE", "/subjects/s?permanent=true")
+    assert body["error_code"] == 40405
+    assert await call(client, "DELETE", "/subjects/s/versions/1?permanent=true") == (200, 1)
+    assert await call(client, "DELETE", "/subjects/s") == (200, [2])
+    _status, body = await call(client, "DELETE", "/subjects/s")
+    assert body["error_code"] == 40404
+    assert await call(client, "GET", "/subjects?deleted=true") == (200, ["s"])
+    assert await call(client, "DELETE", "/subjects/s?permanent=true") == (200, [2])
+    assert await call(client, "GET", "/subjects?deleted=true") == (200, [])
+    # Schemas stay readable by id: records written with them stay decodable.
+    assert (await call(client, "GET", "/schemas/ids/1"))[0] == 200
+    _, body = await call(client, "GET", "/config/s")
+    assert body["error_code"] == 40408
