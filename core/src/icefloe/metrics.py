@@ -122,6 +122,12 @@ COMPACTED_BYTES: Final = Counter(
 COMPACTED_PARQUET_BYTES: Final = Counter(
     "icefloe_compacted_parquet_bytes", "Parquet bytes written by compaction", ["topic"]
 )
+DEAD_LETTERS: Final = Counter(
+    "icefloe_dead_letters",
+    "Records of a schema-backed topic compaction could not decode into typed columns (kept "
+    "raw, with the reason in <side>_error)",
+    ["topic"],
+)
 COMPACTION_BACKLOG_BYTES: Final = Gauge(
     "icefloe_compaction_backlog_bytes",
     "WAL bytes waiting for compaction, per topic (set by the compaction leader)",

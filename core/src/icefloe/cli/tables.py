@@ -25,8 +25,12 @@ from icefloe.errors import (
 )
 from icefloe.ports.metadata import MUST_NOT_EXIST
 from icefloe.ports.table import TableFormat, TableSpec
+from icefloe.schemas import columns
 from icefloe.storage.engine import StreamStorage
-from icefloe.topics.registry import TopicRegistry
+from icefloe.storage.index import ParquetLocation
+from icefloe.storage.parquet_reader import ParquetRangeReader
+from icefloe.topics.configs import typed_sides
+from icefloe.topics.registry import Topic, TopicRegistry
 
 T = TypeVar("T")
 
@@ -162,10 +166,12 @@ def tables(ctx: click.Context, as_json: bool) -> None:
         for topic in compactor.topics.cached():
             lag, _ = await compactor.backlog(topic)
             spec = compactor.committer.table_spec(topic.name)
+            dead = await _dead_letters(compactor, topic)
             for name, table_format in compactor.table_formats.items():
                 rows.append(
                     {"topic": topic.name, "format": name, "lag_records": lag}
                     | await _describe_table(table_format, spec)
+                    | ({"dead_letters": dead} if dead is not None else {})
                 )
             if not compactor.table_formats:
                 rows.append(
@@ -196,7 +202,24 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             + (f", commit {row['commit']}" if row["commit"] is not None else ", not created yet")
             + (f", {_count(row['files'], 'data file')}" if row["files"] is not None else "")
             + f", {row['lag_records']} records not yet in the table"
+            + (f", {_count(row['dead_letters'], 'dead letter')}" if "dead_letters" in row else "")
         )
+
+
+async def _dead_letters(compactor: Compactor, topic: Topic) -> int | None:
+    """The records of a schema-backed topic's data files that did not decode (``None`` for a
+    raw topic), from each data file's footer: one ranged read per file."""
+    sides = typed_sides(topic.configs)
+    if not sides:
+        return None
+    reader = ParquetRangeReader(compactor.storage.object_store)
+    dead = 0
+    for stream in topic.streams:
+        async for entry in compactor.storage.index.entries(stream):
+            if isinstance(entry.location, ParquetLocation):
+                footer = await reader.metadata(entry.location.key, entry.location.size)
+                dead += columns.dead_letters_in_footer(footer, sides)
+    return dead
 
 
 async def _describe_table(table_format: TableFormat, spec: TableSpec) -> dict[str, Any]:

@@ -185,11 +185,13 @@ def _encode_task(task: CompactionTask) -> list[Any]:
         [[s, str(unit)] for s, unit in task.time_partitions],
         [[s, *astuple(spec)] for s, spec in task.cleaning],
         [list(a) for a in task.aborted],
+        [[s, list(sides)] for s, sides in task.typed],
     ]
 
 
 def _decode_task(fields: list[Any]) -> CompactionTask:
-    # Time partitions, cleaning specs and aborted transactions: absent in older records.
+    # Time partitions, cleaning specs, aborted transactions, typed sides: absent in older
+    # records.
     task_id, ranges, outputs, *rest = fields
     return CompactionTask(
         task_id,
@@ -198,6 +200,7 @@ def _decode_task(fields: list[Any]) -> CompactionTask:
         tuple((int(s), TimePartition(unit)) for s, unit in (rest[0] if rest else ())),
         tuple((int(s), CleanSpec(*fields)) for s, *fields in (rest[1] if rest[1:] else ())),
         tuple(_aborted(a) for a in (rest[2] if rest[2:] else ())),
+        tuple((int(s), tuple(map(str, sides))) for s, sides in (rest[3] if rest[3:] else ())),
     )
 
 

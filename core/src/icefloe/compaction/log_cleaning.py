@@ -132,13 +132,26 @@ def read_rows(
     data: bytes | memoryview, r: StreamRange, columns: Sequence[str] | None = None
 ) -> pa.Table:
     """The rows of a stored data file for ``r``, checked: offsets strictly increase, all
-    within ``[r.start_offset, r.end_offset)`` (a compacted file may have gaps)."""
+    within ``[r.start_offset, r.end_offset)`` (a compacted file may have gaps). Without
+    ``columns``, a schema-backed topic's typed columns come too, after the Kafka columns."""
     try:
-        table = pq.read_table(pa.py_buffer(data), schema=ROW_SCHEMA, columns=columns)
-    except (pa.ArrowException, OSError, ValueError) as exc:
+        if columns is not None:
+            table = pq.read_table(pa.py_buffer(data), schema=ROW_SCHEMA, columns=columns)
+        else:
+            table = _with_typed_columns(pq.read_table(pa.py_buffer(data)))
+    except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
         raise CorruptDataError(f"stream {r.stream_id}: data file {r.ref!r}: {exc}") from exc
     check_offsets(table, r)
     return table
+
+
+def _with_typed_columns(table: pa.Table) -> pa.Table:
+    """``table`` as :data:`ROW_SCHEMA`, then whatever other (typed) columns it has."""
+    kafka = table.select(ROW_SCHEMA.names).cast(ROW_SCHEMA)
+    for name in table.column_names:
+        if name not in ROW_SCHEMA.names:
+            kafka = kafka.append_column(table.schema.field(name), table.column(name))
+    return kafka
 
 
 def check_offsets(table: pa.Table, r: StreamRange) -> None:

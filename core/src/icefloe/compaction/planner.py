@@ -26,7 +26,7 @@ from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.transactions import TransactionMarks
 from icefloe.tables import layout
-from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, time_partition
+from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, time_partition, typed_sides
 from icefloe.topics.registry import Topic
 
 
@@ -107,6 +107,7 @@ async def plan_task(
     chosen: list[StreamPlan] = []
     aborted: list[tuple[int, int, int, int]] = []
     units = {t.name: unit for t in topics if (unit := time_partition(t.configs)) is not None}
+    typed = {t.name: sides for t in topics if (sides := typed_sides(t.configs))}
     for topic in topics:
         for partition, stream_id in enumerate(topic.streams):
             if stream_id in busy:
@@ -119,8 +120,10 @@ async def plan_task(
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
             if budget <= 0:
-                return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split)
-    return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split) if chosen else None
+                return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed)
+    if not chosen:
+        return None
+    return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed)
 
 
 async def _stable(
@@ -174,12 +177,16 @@ def plan_of(
     aborted: Sequence[tuple[int, int, int, int]] = (),
     max_task_bytes: int | None = None,
     max_tasks: int = 1,
+    *,
+    typed: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Plan:
     """The run reading every entry of ``streams`` (WAL chunks or whole data files) into one
     file per stream, split by time for the topics in ``units``, leaving out ``aborted``
     transactions (see :attr:`CompactionTask.aborted`). With ``max_task_bytes``, WAL entries
     are spread over up to ``max_tasks`` tasks of about that size (:func:`split_by_objects`);
-    otherwise one task."""
+    otherwise one task. The streams of topics in ``typed`` decode those sides into typed
+    columns (:attr:`CompactionTask.typed`)."""
+    typed = typed or {}
     run_id = uuid.uuid4().hex
     groups = [list(streams)]
     if max_task_bytes is not None and all(e.in_wal for s in streams for e in s.entries):
@@ -193,6 +200,7 @@ def plan_of(
             tuple((s.stream_id, s.output_path) for s in group),
             tuple((s.stream_id, units[s.topic]) for s in group if s.topic in units),
             aborted=tuple(a for a in aborted if a[0] in ids),
+            typed=tuple((s.stream_id, typed[s.topic]) for s in group if s.topic in typed),
         )
         tasks.append(task)
     return Plan(tuple(tasks), tuple(streams), kind)

@@ -31,7 +31,7 @@ from icefloe.ports.metadata import MUST_NOT_EXIST
 from icefloe.ports.table import TableFormat, TableSpec
 from icefloe.storage.engine import StreamStorage
 from icefloe.tables import layout
-from icefloe.topics.configs import time_partition
+from icefloe.topics.configs import time_partition, typed_sides
 from icefloe.topics.registry import Topic, TopicRegistry
 
 log = logging.getLogger(__name__)
@@ -356,7 +356,9 @@ class Compactor:
     def _table_spec_of(self, topic_name: str, configs: Mapping[str, str]) -> TableSpec:
         name = self.topics.table_name_of(topic_name, configs)
         store = self.storage.object_store
-        return layout.table_spec(store, name, topic_name, time_partition(configs))
+        return layout.table_spec(
+            store, name, topic_name, time_partition(configs), typed_sides(configs)
+        )
 
     def _is_live(self, topic_name: str, stream_id: int) -> bool:
         topic = self.topics.get_cached(topic_name)
@@ -376,6 +378,8 @@ def _count_compacted(plan: Plan, record: TaskRecord) -> None:
         metrics.COMPACTED_BYTES.labels(stream.topic).inc(wal_bytes)
     for f in record.files or ():
         metrics.COMPACTED_PARQUET_BYTES.labels(topic_of[f.stream_id]).inc(f.size)
+        if f.dead_letters:
+            metrics.DEAD_LETTERS.labels(topic_of[f.stream_id]).inc(f.dead_letters)
 
 
 @dataclass

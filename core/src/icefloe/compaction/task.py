@@ -6,15 +6,19 @@ or log-compacts a stream's data files (:mod:`icefloe.compaction.log_cleaning`).
 
 The same function runs in the in-process engine's worker process and on Spark executors: it
 opens the WAL and object store from the configuration it is given, so it needs nothing from the
-process that planned the task.
+process that planned the task. A task of a schema-backed topic also opens the schema lookup
+(the registry in the metadata store, or the external one configured): only the task sees
+which schema ids its records carry, and a schema never changes under its id, so the task
+resolves each id it meets once rather than carrying every schema a topic might use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -31,9 +35,12 @@ from icefloe.ports.compaction import (
     WrittenFile,
     piece_path,
 )
+from icefloe.ports.metadata import MetadataStore
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TimePartition
 from icefloe.ports.wal import WAL
+from icefloe.schemas import columns
+from icefloe.schemas.model import SchemaLookup
 from icefloe.storage.batch import BatchHeader, read_header
 from icefloe.storage.parquet import RowBuilder, encode_data_file
 from icefloe.storage.row_schema import OFFSET, TIMESTAMP
@@ -41,14 +48,20 @@ from icefloe.storage.row_schema import OFFSET, TIMESTAMP
 Pieces = list[tuple[StreamRange, memoryview]]
 
 
-async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[WrittenFile]:
+async def execute(
+    task: CompactionTask, wal: WAL, store: ObjectStore, lookup: SchemaLookup | None = None
+) -> list[WrittenFile]:
     """Run ``task``: one GET per source; one Parquet file per stream, or per run of records in
     one hour (day) for a stream split by time. A stream being log-compacted reads its data
-    files one at a time (its dirty ones twice) and writes one file per source."""
+    files one at a time (its dirty ones twice) and writes one file per source. The streams of
+    ``task.typed`` get typed columns, their schemas found through ``lookup``."""
     pieces: dict[int, Pieces] = defaultdict(list)
     outputs = dict(task.output_paths)
     units = dict(task.time_partitions)
     cleaning = dict(task.cleaning)
+    typed = dict(task.typed)
+    if typed and lookup is None:
+        raise ValueError("a task with typed columns needs a schema lookup")
     written = []
     for stream_id, spec in sorted(cleaning.items()):
         ranges = sorted(
@@ -79,17 +92,34 @@ async def execute(task: CompactionTask, wal: WAL, store: ObjectStore) -> list[Wr
         else:
             aborted = [a[1:] for a in task.aborted if a[0] == stream_id]
             table = await asyncio.to_thread(_decode_chunks, stream_id, stream_pieces, aborted)
+            if stream_id in typed:
+                assert lookup is not None
+                table = await _typed_columns(table, typed[stream_id], lookup)
         unit = units.get(stream_id)
         first, last = stream_pieces[0][0].start_offset, stream_pieces[-1][0].end_offset
         for run, start, end in _runs(table, unit, first, last):
             parquet, facts = await asyncio.to_thread(encode_data_file, run, start, end)
             path = outputs[stream_id]
+            if stream_id in typed:
+                facts["dead_letters"] = columns.dead_letters(run, typed[stream_id])
             if unit is not None:
                 path = piece_path(path, stream_id, facts["start_offset"], facts["end_offset"])
                 facts["time_bucket"] = unit.bucket(facts["min_timestamp"])
             await store.put(path, parquet)
             written.append(WrittenFile(task.task_id, stream_id, path, len(parquet), **facts))
     return written
+
+
+async def _typed_columns(table: pa.Table, sides: Sequence[str], lookup: SchemaLookup) -> pa.Table:
+    """``table`` with the typed columns of ``sides``: the schemas of the ids its records carry
+    are looked up first (a registry that cannot answer fails the task, to be retried: an
+    unreachable registry must not turn records into dead letters), then decoded on a thread."""
+    ids = set()
+    for side in sides:
+        ids |= columns.distinct_schema_ids(table.column(side))
+    resolved = await columns.resolve(ids, lookup)
+    typed, _ = await asyncio.to_thread(columns.add_columns, table, sides, resolved)
+    return typed
 
 
 def _decode_chunks(
@@ -143,7 +173,12 @@ def _merge_files(stream_id: int, pieces: Pieces) -> pa.Table:
             )
         tables.append(log_cleaning.read_rows(source, r))
         expected = r.end_offset
-    return pa.concat_tables(tables)
+    # Files of a schema-backed topic may hold different versions of its typed columns:
+    # their structs merge by field name, as the tables' schemas did.
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except pa.ArrowException as exc:
+        raise CorruptDataError(f"stream {stream_id}: data files do not merge: {exc}") from exc
 
 
 def _runs(
@@ -171,6 +206,32 @@ def _runs(
     ]
 
 
+@contextlib.asynccontextmanager
+async def _schema_lookup(
+    config: configuration.Config, task: CompactionTask
+) -> AsyncIterator[SchemaLookup | None]:
+    """The schema lookup a task with typed columns needs (none otherwise): an external
+    registry's, or the metadata store's, opened here and closed after the task."""
+    if not task.typed:
+        yield None
+        return
+    from icefloe.schemas.lookup import open_lookup
+
+    metadata = None
+    if config.schema_registry.url is None:
+        context = OpenContext(data_dir=config.data_dir)
+        metadata = await configuration.resolve_one(config, MetadataStore).open(context)
+    try:
+        lookup = open_lookup(config, metadata)  # type: ignore[arg-type]
+        try:
+            yield lookup
+        finally:
+            await lookup.close()
+    finally:
+        if metadata is not None:
+            await metadata.close()
+
+
 class WorkerResult(NamedTuple):
     files: list[WrittenFile]
     requests: dict[str, dict[str, int]]
@@ -188,7 +249,9 @@ def run_task_in_worker(config: configuration.Config, task: CompactionTask) -> Wo
             wal_context = OpenContext(data_dir=config.data_dir, object_store=store)
             wal = await configuration.resolve_one(config, WAL).open(wal_context)
             try:
-                return WorkerResult(await execute(task, wal, store), store.stats.snapshot())
+                async with _schema_lookup(config, task) as lookup:
+                    files = await execute(task, wal, store, lookup)
+                return WorkerResult(files, store.stats.snapshot())
             finally:
                 await wal.close()
         finally:

@@ -95,6 +95,10 @@ class CompactionTask:
     only."""
     """``(stream_id, spec)`` of the streams this task log-compacts (their sources are data
     files, each rewritten without the records the spec removes)."""
+    typed: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    """``(stream_id, sides)`` of the streams of schema-backed topics: the sides (``"key"``,
+    ``"value"``) decoded from the Confluent wire format into typed columns
+    (:mod:`icefloe.schemas.columns`) as WAL chunks become rows."""
 
     def refs(self) -> list[str]:
         """The sources the task reads (WAL objects or data files), each once, in first-use
@@ -120,6 +124,9 @@ class WrittenFile:
     """The hour (day) since the epoch of every record, for a stream split by time."""
     tombstone_expiry_ms: int | None = None
     """Log compaction only: when the earliest tombstone kept in the file may go."""
+    dead_letters: int = 0
+    """Typed columns only: records of the file that did not decode (their typed column is
+    null; their error column says why)."""
 
 
 def data_file_name(stream_id: int, start_offset: int, end_offset: int) -> str:

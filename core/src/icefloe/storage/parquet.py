@@ -1,6 +1,7 @@
 """Kafka record batches to Parquet rows and back.
 
-A data file holds one stream's records ``[start, end)`` with :data:`ROW_SCHEMA`. Rows keep their
+A data file holds one stream's records ``[start, end)`` with :data:`ROW_SCHEMA` (and, for a
+schema-backed topic, typed columns after it: :mod:`icefloe.schemas.columns`). Rows keep their
 batch's base offset and attributes, so the batches a consumer fetched from the WAL can be
 rebuilt from the table with the same offsets, keys, values, headers and timestamps
 (:mod:`icefloe.storage.rebuild`; records are re-encoded uncompressed: compression is a
@@ -23,7 +24,16 @@ from icefloe.storage.row_schema import ROW_SCHEMA, TIMESTAMP
 
 ROW_GROUP_BYTES: Final = 1 << 20
 """Target uncompressed size of a row group: about what one fetch of a partition returns."""
-STATISTICS_COLUMNS: Final = ["partition", "offset", "timestamp", "batch_base_offset"]
+STATISTICS_COLUMNS: Final = [
+    "partition",
+    "offset",
+    "timestamp",
+    "batch_base_offset",
+    "key_error",
+    "value_error",
+]
+"""Columns with Parquet statistics (a missing one is skipped): what readers filter on, and the
+typed columns' error columns, whose null counts are the dead letters of a file."""
 _COMPRESSION_BITS: Final = 0x07
 _TRANSACTIONAL_BIT: Final = 0x10
 
@@ -91,7 +101,7 @@ def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
     sink = io.BytesIO()
     with pq.ParquetWriter(
         sink,
-        ROW_SCHEMA,
+        table.schema,  # ROW_SCHEMA, and a schema-backed topic's typed columns after it
         compression="zstd",
         write_statistics=STATISTICS_COLUMNS,
         store_schema=False,  # no Arrow metadata: Iceberg and Delta read the Parquet schema
@@ -100,7 +110,7 @@ def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
             writer.write_table(chunk, row_group_size=chunk.num_rows)
     data = sink.getvalue()
     metadata = pq.ParquetFile(io.BytesIO(data)).metadata
-    offset_index = ROW_SCHEMA.get_field_index("offset")
+    offset_index = _leaf_index(metadata, "offset")
     ranges = []
     for i in range(metadata.num_row_groups):
         stats = metadata.row_group(i).column(offset_index).statistics
@@ -131,6 +141,14 @@ def encode_data_file(
         "max_timestamp": -1 if most is None else most // 1000,
     }
     return data, facts
+
+
+def _leaf_index(metadata: pq.FileMetaData, name: str) -> int:
+    """The index of the top-level column ``name`` among the file's leaf columns."""
+    for i in range(metadata.num_columns):
+        if metadata.schema.column(i).path == name:
+            return i
+    raise ValueError(f"no column {name!r}")
 
 
 def _rows_per_group(table: pa.Table) -> int:

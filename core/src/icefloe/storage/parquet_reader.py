@@ -18,8 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from icefloe.ports.object_store import ObjectStore
+from icefloe.storage.row_schema import ROW_SCHEMA
 
 TAIL_GUESS: Final = 64 << 10
+KAFKA_COLUMNS: Final = ROW_SCHEMA.names
+"""What catch-up reads rebuild batches from (not the typed columns a file may also have)."""
 """Bytes fetched from the end of a file at once: usually the whole footer in one GET."""
 
 
@@ -87,8 +90,15 @@ class ParquetRangeReader:
         for start, end in _column_chunk_ranges(metadata, row_groups):
             if start < tail_start:
                 sparse.add(start, await self._store.get(key, start, min(end, tail_start)))
-        # Decompressing and decoding row groups is CPU work: keep it off the event loop.
-        return await asyncio.to_thread(pq.ParquetFile(sparse).read_row_groups, row_groups)
+        # Decompressing and decoding row groups is CPU work: keep it off the event loop. Only
+        # the Kafka columns: a schema-backed topic's typed columns are for the tables.
+        return await asyncio.to_thread(
+            pq.ParquetFile(sparse).read_row_groups, row_groups, columns=KAFKA_COLUMNS
+        )
+
+    async def metadata(self, key: str, size: int) -> pq.FileMetaData:
+        """The footer of the file ``key`` of ``size`` bytes (one ranged GET, then cached)."""
+        return (await self._footer(key, size))[2]
 
     async def _footer(self, key: str, size: int) -> tuple[int, bytes, pq.FileMetaData]:
         cached = self._footers.get(key)
@@ -113,12 +123,14 @@ class ParquetRangeReader:
 
 
 def _column_chunk_ranges(metadata: pq.FileMetaData, row_groups: list[int]) -> list[tuple[int, int]]:
-    """Byte ranges of every column chunk of the row groups, merged where adjacent."""
+    """Byte ranges of the Kafka columns' chunks of the row groups, merged where adjacent."""
     ranges = []
     for i in row_groups:
         group = metadata.row_group(i)
         for j in range(group.num_columns):
             column = group.column(j)
+            if column.path_in_schema.split(".", 1)[0] not in KAFKA_COLUMNS:
+                continue
             start = column.data_page_offset
             if column.has_dictionary_page and column.dictionary_page_offset is not None:
                 start = min(start, column.dictionary_page_offset)

@@ -11,10 +11,14 @@ share a folder.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
+
+import pyarrow as pa
 
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TableSpec, TimePartition
+from icefloe.schemas import columns
 from icefloe.storage.row_schema import ROW_SCHEMA
 from icefloe.table_names import TableName
 
@@ -46,14 +50,23 @@ def iceberg_metadata_root(topic: str) -> str:
 
 
 def table_spec(
-    store: ObjectStore, name: TableName, topic: str, time_partition: TimePartition | None = None
+    store: ObjectStore,
+    name: TableName,
+    topic: str,
+    time_partition: TimePartition | None = None,
+    typed_sides: Sequence[str] = (),
 ) -> TableSpec:
-    """The table of ``topic``, called ``name``: its identifier, schema, and locations."""
+    """The table of ``topic``, called ``name``: its identifier, schema, and locations.
+
+    A schema-backed topic's table starts with the schema-id and error columns of its typed
+    ``sides``; the typed struct columns join it with the first data file that has them (each
+    commit evolves the table to cover the files it adds, :mod:`icefloe.ports.table`).
+    """
     return TableSpec(
         namespace=name.namespace,
         name=name.name,
         location=store.url(table_root(topic)),
-        schema=ROW_SCHEMA,
+        schema=pa.schema([*ROW_SCHEMA, *columns.fixed_fields(typed_sides)]),
         metadata_location=store.url(iceberg_metadata_root(topic)),
         time_partition=time_partition,
     )

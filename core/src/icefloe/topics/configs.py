@@ -41,6 +41,10 @@ TABLE_IDENTIFIER_CONFIG: Final = IDENTIFIER_CONFIG
 TIME_PARTITION_CONFIG: Final = TIME_PARTITION
 """``none``, ``hour`` or ``day``: also partition the topic's tables by the record timestamp."""
 TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
+KEY_SCHEMA_CONFIG: Final = "icefloe.table.key.schema"
+VALUE_SCHEMA_CONFIG: Final = "icefloe.table.value.schema"
+"""``raw`` (the bytes only) or ``registry``: decode the key (value) into typed table columns
+by the schema id of its Confluent wire-format header (docs/typed-columns.md)."""
 MAX_MESSAGE_BYTES_CONFIG: Final = "max.message.bytes"
 TIMESTAMP_TYPE_CONFIG: Final = "message.timestamp.type"
 COMPRESSION_CONFIG: Final = "compression.type"
@@ -418,6 +422,25 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "record is past retention).",
             ),
             ConfigKey(
+                KEY_SCHEMA_CONFIG,
+                _OneOf(("raw", "registry")),
+                "raw",
+                "raw: the topic's tables hold record keys as bytes only; registry: keys in the "
+                "Confluent wire format (a schema id, then Avro, JSON or Protobuf) are also "
+                "decoded by their registered schema into the key_fields column as the records "
+                "are compacted.",
+            ),
+            ConfigKey(
+                VALUE_SCHEMA_CONFIG,
+                _OneOf(("raw", "registry")),
+                "raw",
+                "raw: the topic's tables hold record values as bytes only; registry: values in "
+                "the Confluent wire format (a schema id, then Avro, JSON or Protobuf) are also "
+                "decoded by their registered schema into the value_fields column as the records "
+                "are compacted; a value that does not decode keeps a null value_fields and its "
+                "reason in value_error (the topic's dead letters).",
+            ),
+            ConfigKey(
                 "min.insync.replicas",
                 _Number(ConfigType.INT, 1),
                 "1",
@@ -448,6 +471,15 @@ def time_partition(configs: Mapping[str, str]) -> TimePartition | None:
     """The time partitioning of a topic's tables, from its configs."""
     value = configs.get(TIME_PARTITION_CONFIG, "none")
     return None if value == "none" else TimePartition(value)
+
+
+def typed_sides(configs: Mapping[str, str]) -> tuple[str, ...]:
+    """The sides (``"key"``, ``"value"``) a topic with ``configs`` decodes into typed columns."""
+    return tuple(
+        side
+        for side, name in (("key", KEY_SCHEMA_CONFIG), ("value", VALUE_SCHEMA_CONFIG))
+        if configs.get(name, "raw") == "registry"
+    )
 
 
 def is_compacted(configs: Mapping[str, str]) -> bool:

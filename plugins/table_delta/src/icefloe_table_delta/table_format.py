@@ -19,7 +19,7 @@ table from this process are serialised.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from icefloe.adapters.blocking import BlockingSdk
 from icefloe.errors import ConfigError, NotFoundError, StorageError
@@ -82,8 +82,12 @@ class DeltaTableFormat(TableFormat):
             if sequence <= await self._sdk.run(self._tables.last_commit, spec):
                 # Checked before the footers are read, so a retried commit costs one log read.
                 return await self._sdk.run(self._tables.commit, spec, sequence, [], [], {})
-            stats = {f.path: await self._stats(spec, f) for f in added}
-            return await self._sdk.run(self._tables.commit, spec, sequence, added, removed, stats)
+            footers = {f.path: await self._footer(spec, f) for f in added}
+            stats = {path: stats_of(footer) for path, (footer, stats_of) in footers.items()}
+            schemas = [footer.schema.to_arrow_schema() for footer, _ in footers.values()]
+            return await self._sdk.run(
+                self._tables.commit, spec, sequence, added, removed, stats, schemas
+            )
 
     async def _last_commit(self, spec: TableSpec) -> int:
         return await self._sdk.run(self._tables.last_commit, spec)
@@ -108,8 +112,9 @@ class DeltaTableFormat(TableFormat):
 
     # --- helpers ------------------------------------------------------------------------------
 
-    async def _stats(self, spec: TableSpec, data_file: DataFile) -> str:
-        """The file's Delta statistics, from its footer; checks it matches ``data_file``."""
+    async def _footer(self, spec: TableSpec, data_file: DataFile) -> tuple[Any, Any]:
+        """The file's footer, checked against ``data_file``, and the function giving its Delta
+        statistics."""
         from icefloe_table_delta.stats import (
             TAIL_BYTES,
             footer_length,
@@ -145,7 +150,7 @@ class DeltaTableFormat(TableFormat):
                     f"{data_file.path} holds rows of the {unit} partitions {sorted(buckets)}, "
                     f"but the commit says {unit} partition {data_file.time_bucket}"
                 )
-        return stats_json(footer)
+        return footer, stats_json
 
     def _key_of(self, url: str) -> str:
         """The object-store key of a URL inside the store (the table root, usually)."""

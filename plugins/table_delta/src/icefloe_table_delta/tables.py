@@ -23,10 +23,11 @@ from __future__ import annotations
 import datetime
 import re
 import time
+from collections.abc import Sequence
 from typing import Final
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -101,11 +102,13 @@ class DeltaTables:
         added: list[DataFile],
         removed: list[str],
         stats: dict[str, str],
+        schemas: Sequence[pa.Schema] = (),
     ) -> CommitResult:
         """One write transaction with the AddActions and RemoveActions, unless already applied.
 
         Args:
             stats: Delta ``stats`` JSON of each added file, by path.
+            schemas: The added files' schemas: the table's is widened to cover them first.
         """
         with translated(spec):
             table = self._open(spec)
@@ -116,6 +119,11 @@ class DeltaTables:
                 raise AlreadyExistsError(f"{spec.location} already references {', '.join(already)}")
             if missing := sorted(path for path in removed if path not in live):
                 raise NotFoundError(f"{spec.location} does not reference {', '.join(missing)}")
+            if self._evolve(table, spec, schemas):
+                table = self._open(spec)
+                if sequence <= (table.transaction_version(APP_ID) or 0):
+                    return CommitResult(applied=False, version=str(table.version()))
+                live = _live_files(table, spec)
             now_ms = int(time.time() * 1000)
             actions: list[AddAction | RemoveAction] = [
                 AddAction(
@@ -151,6 +159,35 @@ class DeltaTables:
             )
             table.update_incremental()
             return CommitResult(applied=True, version=str(table.version()))
+
+    def _evolve(self, table: DeltaTable, spec: TableSpec, schemas: Sequence[pa.Schema]) -> bool:
+        """Widen the table's schema to cover ``schemas`` (a schema-backed topic's typed columns
+        appear, and gain fields, as its schemas evolve); whether it changed.
+
+        delta-rs writes no schema change with the AddActions of a write transaction, so the
+        change is a commit of its own before them: a metadata-only append of no rows with
+        ``schema_mode="merge"``. Should the data commit then fail, the table has columns no
+        file fills yet (read as null), and the retried commit finds it widened already.
+        """
+        current = pa.schema(table.schema().to_arrow())
+        try:
+            merged = pa.unify_schemas([current, *schemas], promote_options="permissive")
+        except (pa.ArrowException, TypeError) as exc:
+            raise ValueError(f"a file does not fit the columns of {spec.location}: {exc}") from exc
+        if set(merged.names) == set(current.names) and all(
+            merged.field(name).type == current.field(name).type for name in current.names
+        ):
+            return False
+        write_deltalake(
+            spec.location,
+            merged.empty_table(),
+            mode="append",
+            schema_mode="merge",
+            partition_by=_partition_columns(spec),
+            storage_options=self._storage,
+            commit_properties=CommitProperties(max_commit_retries=0),
+        )
+        return True
 
     def last_commit(self, spec: TableSpec) -> int:
         with translated(spec):

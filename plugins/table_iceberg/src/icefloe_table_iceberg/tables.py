@@ -27,17 +27,19 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog as PyIcebergCatalog
 from pyiceberg.exceptions import (
     NamespaceAlreadyExistsError,
     NoSuchTableError,
     TableAlreadyExistsError,
+    ValidationError,
 )
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.manifest import DataFile as IcebergDataFile
 from pyiceberg.manifest import DataFileContent, ManifestContent
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import DayTransform, HourTransform, Transform
 
@@ -165,6 +167,8 @@ def commit(
     marker = {SEQUENCE_PROPERTY: str(sequence)}
     with table.transaction() as txn:
         txn.set_properties(marker)
+        for url in add_urls:
+            _evolve(txn, table.io, url)
         if added or removed:
             snapshot = txn.update_snapshot(snapshot_properties=marker)
             # Public API: Transaction.update_snapshot() → producer. merge_append keeps the
@@ -177,6 +181,20 @@ def commit(
                     files.delete_data_file(live[url])
     table.refresh()
     return CommitResult(applied=True, version=version_of(table))
+
+
+def _evolve(txn: Transaction, io: FileIO, url: str) -> None:
+    """Widen the table's schema, in the commit's own transaction, to cover the columns of the
+    file at ``url``: a schema-backed topic's typed columns appear, and gain fields, as its
+    schemas evolve. ``union_by_name`` adds optional columns and nested fields (and their
+    name mapping) only; a type the table cannot take is refused, and the commit with it."""
+    with io.new_input(url).open() as stream:
+        schema = pq.read_schema(stream)
+    try:
+        with txn.update_schema() as update:
+            update.union_by_name(schema)
+    except ValidationError as exc:
+        raise ValueError(f"{url} does not fit the table's columns: {exc}") from exc
 
 
 class _MissingStatistics(logging.Filter):
