@@ -330,14 +330,12 @@ class Registry:
                 40405,
                 f"Subject '{subject}' was not deleted first before being permanently deleted",
             )
-        for version in stored:
+        targets = stored if permanent else live
+        for version in targets:
             await self._unreferenced(version)
-        for version in stored:
+        for version in targets:
             await self._delete(version, permanent)
-        if permanent:
-            await self.store.delete_setting("config", subject)
-            await self.store.delete_setting("mode", subject)
-        return [v.version for v in stored]
+        return [v.version for v in targets]
 
     async def delete_version(self, subject: str, version: str, permanent: bool = False) -> int:
         await self._writable(subject)
