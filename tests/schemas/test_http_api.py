@@ -4,17 +4,23 @@ metadata store."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
+from icefloe.errors import UnavailableError
 from icefloe.ports.base import OpenContext
-from icefloe.schemas.http import MAX_BODY_BYTES, RegistryApi
+from icefloe.schemas.http import MAX_BODY_BYTES, RegistryApi, RegistryServer
+from icefloe.schemas.lookup import RemoteLookup, StoreLookup
+from icefloe.schemas.model import RegisteredSchema, SchemaReference, SchemaType
 
 RECORD = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]})
 
@@ -140,3 +146,64 @@ async def test_soft_then_hard_delete_follow_confluents_rules(
     assert (await call(client, "GET", "/schemas/ids/1"))[0] == 200
     _, body = await call(client, "GET", "/config/s")
     assert body["error_code"] == 40408
+
+
+async def test_the_remote_lookup_reads_a_served_registry(tmp_path: Path) -> None:
+    metadata = await SqliteMetadataStore.open(
+        SqliteMetadataStore.options_model(), OpenContext(data_dir=tmp_path)
+    )
+    server = RegistryServer(metadata)
+    port = await server.start("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    lookup = RemoteLookup(url)
+    try:
+        async with aiohttp.ClientSession() as session:
+            dep = {
+                "schema": 'syntax = "proto3"; message D { int32 x = 1; }',
+                "schemaType": "PROTOBUF",
+            }
+            async with session.post(f"{url}/subjects/d.proto/versions", json=dep) as answer:
+                dep_id = (await answer.json(content_type=None))["id"]
+            main = {
+                "schema": 'syntax = "proto3"; import "d.proto"; message M { D d = 1; }',
+                "schemaType": "PROTOBUF",
+                "references": [{"name": "d.proto", "subject": "d.proto", "version": 1}],
+            }
+            async with session.post(f"{url}/subjects/m-value/versions", json=main) as answer:
+                main_id = (await answer.json(content_type=None))["id"]
+        found = await lookup.by_id(main_id)
+        assert found is not None
+        assert found.schema_type is SchemaType.PROTOBUF
+        assert found.references == (SchemaReference("d.proto", "d.proto", 1),)
+        referenced = await lookup.by_reference(found.references[0])
+        assert referenced is not None
+        assert referenced.id == dep_id
+        assert await lookup.by_id(main_id + 100) is None
+        assert await lookup.by_reference(SchemaReference("x", "nope", 1)) is None
+        # The same schema through the store, as decoders on the brokers read it.
+        assert await StoreLookup(metadata).by_id(main_id) == found
+    finally:
+        await lookup.close()
+        await server.close()
+        await metadata.close()
+    gone = RemoteLookup(url)
+    with pytest.raises(UnavailableError):
+        await gone.by_id(1)  # nothing listens there any more
+    await gone.close()
+
+
+async def test_the_remote_lookup_sends_its_basic_auth() -> None:
+    seen: list[str | None] = []
+
+    async def schema(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"schema": '"string"'})
+
+    app = web.Application()
+    app.router.add_get("/schemas/ids/{id}", schema)
+    async with TestServer(app) as server:
+        lookup = RemoteLookup(str(server.make_url("")), "alice:s3cret")
+        found = await lookup.by_id(3)
+        await lookup.close()
+    assert found == RegisteredSchema(3, SchemaType.AVRO, '"string"')
+    assert seen == ["Basic " + base64.b64encode(b"alice:s3cret").decode()]

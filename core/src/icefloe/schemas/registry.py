@@ -335,6 +335,9 @@ class Registry:
             await self._unreferenced(version)
         for version in targets:
             await self._delete(version, permanent)
+        if permanent:  # as Confluent does: the subject's level and mode go with it
+            await self.store.delete_setting("config", subject)
+            await self.store.delete_setting("mode", subject)
         return [v.version for v in targets]
 
     async def delete_version(self, subject: str, version: str, permanent: bool = False) -> int:
