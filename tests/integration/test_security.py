@@ -443,3 +443,15 @@ def logins_per_connection(running: RunningIcefloe, user: str) -> dict[str, int]:
         if found:
             counts[peer.rsplit("] ", 1)[-1]] = counts.get(peer.rsplit("] ", 1)[-1], 0) + 1
     return counts
+
+
+def test_the_schema_registry_asks_sasl_users_for_their_password(secured: Secured) -> None:
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
+
+    url = secured.icefloe.registry_urls[0]
+    logged_in = SchemaRegistryClient({"url": url, "basic.auth.user.info": f"alice:{PASSWORD}"})
+    assert logged_in.register_schema("secure-value", Schema('"string"', "AVRO")) > 0
+    for conf in ({"url": url}, {"url": url, "basic.auth.user.info": "alice:wrong"}):
+        with pytest.raises(SchemaRegistryError) as refused:
+            SchemaRegistryClient(conf).get_subjects()
+        assert refused.value.http_status_code == 401

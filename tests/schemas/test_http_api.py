@@ -4,6 +4,7 @@ metadata store."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
 from icefloe.errors import UnavailableError
@@ -21,6 +23,7 @@ from icefloe.ports.base import OpenContext
 from icefloe.schemas.http import MAX_BODY_BYTES, RegistryApi, RegistryServer
 from icefloe.schemas.lookup import RemoteLookup, StoreLookup
 from icefloe.schemas.model import RegisteredSchema, SchemaReference, SchemaType
+from icefloe.security.users import ScramCredential, UserStore
 
 RECORD = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]})
 
@@ -207,3 +210,44 @@ async def test_the_remote_lookup_sends_its_basic_auth() -> None:
         await lookup.close()
     assert found == RegisteredSchema(3, SchemaType.AVRO, '"string"')
     assert seen == ["Basic " + base64.b64encode(b"alice:s3cret").decode()]
+
+
+async def test_basic_auth_against_sasl_users_with_the_confluent_client(tmp_path: Path) -> None:
+    metadata = await SqliteMetadataStore.open(
+        SqliteMetadataStore.options_model(), OpenContext(data_dir=tmp_path)
+    )
+    users = UserStore(metadata)
+    await users.put("alice", ScramCredential.from_password("SCRAM-SHA-256", "s3cret", 4096))
+
+    async def check(user: str, password: str) -> bool:
+        credentials = await users.credentials(user)
+        return any([await asyncio.to_thread(c.matches, password) for c in credentials])
+
+    server = RegistryServer(metadata, check)
+    url = f"http://127.0.0.1:{await server.start('127.0.0.1', 0)}"
+
+    def register(user_info: str | None) -> int:
+        conf = {"url": url} | ({"basic.auth.user.info": user_info} if user_info else {})
+        client = SchemaRegistryClient(conf)
+        return int(client.register_schema("s", Schema('"string"', "AVRO")))
+
+    try:
+        assert await asyncio.to_thread(register, "alice:s3cret") == 1
+        for wrong in ("alice:nope", "bob:s3cret", None):
+            with pytest.raises(SchemaRegistryError) as refused:
+                await asyncio.to_thread(register, wrong)
+            assert (refused.value.http_status_code, refused.value.error_code) == (401, 401)
+        async with aiohttp.ClientSession() as session:
+            for header in (
+                "Basic !!!",
+                "Basic " + "A" * 5000,
+                "Bearer x",
+                "Basic " + base64.b64encode(b"x" * 2000).decode(),
+            ):
+                async with session.get(
+                    f"{url}/subjects", headers={"Authorization": header}
+                ) as answer:
+                    assert answer.status == 401
+    finally:
+        await server.close()
+        await metadata.close()

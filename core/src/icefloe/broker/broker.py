@@ -122,7 +122,14 @@ class Broker:
             host = self.config.metrics.host or self.options.host
             bound_metrics = self.endpoints.start(host, metrics_port, self._metrics_tls())
         if registry_port is not None:
-            self.schema_registry = RegistryServer(self.storage.metadata)
+            sasl = any(
+                a.protocol.sasl
+                for a in self.config.security.listener_addresses(self.options.host, 0)
+            )
+            # With SASL logins on, the registry asks for the same users' passwords.
+            self.schema_registry = RegistryServer(
+                self.storage.metadata, self._check_password if sasl else None
+            )
             host = self.config.schema_registry.host or self.options.host
             tls_context = self._https(self.config.schema_registry.tls, "[schema_registry]")
             try:
@@ -149,6 +156,14 @@ class Broker:
             )
         log.info("broker %d listening on %s:%d", info.node_id, advertised, bound)
         return info
+
+    async def _check_password(self, user: str, password: str) -> bool:
+        """Whether ``password`` is ``user``'s, against the stored SCRAM credentials."""
+        for credential in await self.users.credentials(user):
+            # PBKDF2 takes milliseconds: not on the event loop.
+            if await asyncio.to_thread(credential.matches, password):
+                return True
+        return False
 
     def _metrics_tls(self) -> ssl.SSLContext | None:
         return self._https(self.config.metrics.tls, "[metrics]")

@@ -9,8 +9,12 @@ never ends the broker.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hashlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -33,7 +37,13 @@ MAX_SUBJECT_CHARS: Final = 255
 MAX_REFERENCES: Final = 100
 REQUEST_TIMEOUT_S: Final = 30.0
 
+AUTH_CACHE_S: Final = 60.0
+"""How long a checked login is taken without checking its password again (a deleted user or a
+changed password takes effect within this)."""
+FAILED_LOGIN_DELAY_S: Final = 0.1
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Authenticate = Callable[[str, str], Awaitable[bool]]
+"""Whether a user name and password are a valid login."""
 
 
 def _answer(body: Any, status: int = 200) -> web.Response:
@@ -354,17 +364,69 @@ class RegistryApi:
         return _answer({"mode": await self.registry.delete_mode(self._optional_subject(request))})
 
 
-class RegistryServer:
-    """The API listening on one port, in the broker's event loop."""
+class BasicAuth:
+    """HTTP basic authentication of every request, against ``authenticate``; checked logins
+    are remembered for ``AUTH_CACHE_S`` so that each request does not cost a password hash."""
 
-    def __init__(self, metadata: MetadataStore) -> None:
+    def __init__(self, authenticate: Authenticate, cache_size: int = 1024) -> None:
+        self._authenticate = authenticate
+        self._checked: dict[bytes, float] = {}
+        self._cache_size = cache_size
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "basic" and await self._valid(token.strip()):
+            return await handler(request)
+        await asyncio.sleep(FAILED_LOGIN_DELAY_S)  # slows guessing, as Kafka logins do
+        response = _error(401, "Unauthorized")
+        response.headers["WWW-Authenticate"] = 'Basic realm="icefloe-schema-registry"'
+        return response
+
+    async def _valid(self, token: str) -> bool:
+        key = hashlib.sha256(token.encode()).digest()
+        now = time.monotonic()
+        if self._checked.get(key, 0.0) > now:
+            return True
+        try:
+            user, separator, password = (
+                base64.b64decode(token, validate=True).decode().partition(":")
+            )
+        except (binascii.Error, ValueError):
+            return False
+        if not separator or not user:
+            return False
+        try:
+            if not await self._authenticate(user, password):
+                return False
+        except (IcefloeError, ValueError):  # a name no key can hold, a store that failed
+            log.warning("schema registry: cannot check the login of %.100r", user, exc_info=True)
+            return False
+        if len(self._checked) >= self._cache_size:
+            self._checked = {k: t for k, t in self._checked.items() if t > now}
+            if len(self._checked) >= self._cache_size:
+                self._checked.clear()
+        self._checked[key] = now + AUTH_CACHE_S
+        return True
+
+
+class RegistryServer:
+    """The API listening on one port, in the broker's event loop; with ``authenticate``, every
+    request must log in with HTTP basic authentication."""
+
+    def __init__(self, metadata: MetadataStore, authenticate: Authenticate | None = None) -> None:
         self.api = RegistryApi(metadata)
+        self._auth = BasicAuth(authenticate) if authenticate is not None else None
         self._runner: web.AppRunner | None = None
 
     async def start(self, host: str, port: int, tls: Any = None) -> int:
         """Listen on ``host:port`` (0: a free port), over HTTPS with an ``ssl`` context;
         return the bound port."""
-        self._runner = web.AppRunner(self.api.app(), access_log=None, keepalive_timeout=15)
+        app = self.api.app()
+        if self._auth is not None:
+            app.middlewares.insert(0, self._auth.middleware)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=15)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=tls, backlog=128)
         await site.start()
