@@ -13,7 +13,10 @@ import asyncio
 import functools
 import multiprocessing
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -283,8 +286,10 @@ async def test_a_slow_task_is_outrun_by_its_speculative_copy_without_duplicate_o
     await check_exactly_once(compactor, storage, expected)
 
 
-async def test_a_driver_killed_mid_run_leaves_a_run_the_next_compactor_finishes(
-    parts: tuple[Config, StreamStorage, TopicRegistry, Compactor], marks: Path
+async def test_a_driver_killed_mid_run_leaves_a_run_that_icefloe_compact_finishes(
+    parts: tuple[Config, StreamStorage, TopicRegistry, Compactor],
+    cluster: SparkCluster,
+    marks: Path,
 ) -> None:
     config, storage, topics, compactor = parts
     expected = await fill(storage, topics)
@@ -298,8 +303,34 @@ async def test_a_driver_killed_mid_run_leaves_a_run_the_next_compactor_finishes(
     assert driver.exitcode == -signal.SIGKILL
     [left] = await compactor.committer.unfinished()
     assert left.state == "planned"
-    assert len(left.tasks) >= 2
+    assert len(left.tasks) == 2
 
-    await compactor.until_idle()  # this process is the driver now: it runs the run again
+    # The next compactor: `icefloe compact` on the cluster, its process the driver.
+    options = cluster.engine_options()
+    conf = [f"--spark-conf={k}={v}" for k, v in options["conf"].items()]
+    env = {
+        **os.environ,
+        "ICEFLOE_COMPACTION__SPARK__PYTHON": sys.executable,
+        "ICEFLOE_COMPACTOR__MAX_TASK_BYTES": "6000",
+        "ICEFLOE_COMPACTOR__MAX_TASKS_PER_RUN": "2",
+    }
+    icefloe = Path(sys.executable).parent / "icefloe"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            *(str(icefloe), "compact", "--until-idle", "--data-dir", str(config.data_dir)),
+            *("--engine", "spark", "--master", cluster.master_url, *conf),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "compacting"
+    # Without a terminal, a line per run: the resumed one first.
+    assert re.fullmatch(r"compacted \d+ records of 3 streams in 2 tasks: .*", lines[1]), lines
+    assert re.fullmatch(r"compacted 600 records in \d+ tasks: .*", lines[-1]), lines
     assert await compactor.committer.unfinished() == []
     await check_exactly_once(compactor, storage, expected)

@@ -57,17 +57,61 @@ def _run(ctx: click.Context, body: Callable[[Compactor], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
+def _engine_overrides(
+    ctx: click.Context, engine: str | None, master: str | None, spark_conf: tuple[str, ...]
+) -> None:
+    """Apply ``--engine``, ``--master`` and ``--spark-conf`` as configuration overrides."""
+    overrides = ctx.obj.setdefault("overrides", {})
+    compaction = overrides.setdefault("compaction", {})
+    if engine is not None:
+        compaction["backend"] = engine
+    spark: dict[str, Any] = {}
+    if master is not None:
+        spark["master"] = master
+    for item in spark_conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--spark-conf")
+        spark.setdefault("conf", {})[key] = value
+    if spark:
+        chosen = engine or data_dir.load(ctx, must_exist=False).compaction.backend
+        if chosen != "spark":
+            raise click.UsageError(
+                "--master and --spark-conf need the spark engine (--engine spark)"
+            )
+        compaction["spark"] = spark
+
+
 @click.command()
 @data_dir_option
 @click.option("--until-idle", is_flag=True, help="Compact everything now, ignoring ages and sizes.")
+@click.option(
+    "--engine", help="Compaction engine for this command ([compaction] backend): local, spark."
+)
+@click.option("--master", help="Spark master URL ([compaction.spark] master), e.g. spark://h:7077.")
+@click.option(
+    "--spark-conf",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A Spark property for this command ([compaction.spark.conf]); repeatable.",
+)
 @click.pass_context
-def compact(ctx: click.Context, until_idle: bool) -> None:
+def compact(
+    ctx: click.Context,
+    until_idle: bool,
+    engine: str | None,
+    master: str | None,
+    spark_conf: tuple[str, ...],
+) -> None:
     """Compact streams into Parquet and commit them to the configured tables.
 
     Without --until-idle, runs one round as the background compactor would. With it, a bar
-    moves with the WAL bytes compacted (without a terminal, one line per task). Refuses to run
-    while a broker leads compaction (stop `icefloe serve` or let it do the work).
+    moves with the WAL bytes compacted and counts the tasks finished (without a terminal, one
+    line per run of tasks). Refuses to run while a broker leads compaction (stop `icefloe
+    serve` or let it do the work). --engine spark --master URL runs the tasks on a Spark
+    cluster, with this process as the driver.
     """
+    _engine_overrides(ctx, engine, master, spark_conf)
 
     async def body(compactor: Compactor) -> None:
         async with _leading(compactor):
@@ -82,13 +126,28 @@ def compact(ctx: click.Context, until_idle: bool) -> None:
                 length=max(waiting, 1), label="compacting", item_show_func=lambda text: text
             ) as bar:
 
+                def label() -> str:
+                    finished = compactor.engine.tasks_finished() - first
+                    return f"{done.records} records, {_count(finished, 'task')} done"
+
                 def report(progress: Progress) -> None:
                     done.add(progress)
-                    if not terminal:  # the bar shows only in a terminal: a line per task instead
+                    if not terminal:  # the bar shows only in a terminal: a line per run instead
                         click.echo(_describe(progress))
-                    bar.update(progress.source_bytes, f"{done.records} records")
+                    bar.update(progress.source_bytes, label())
 
-                tasks = await compactor.until_idle(report)
+                async def follow_tasks() -> None:
+                    while True:  # tasks end within a run: move the label with them
+                        await asyncio.sleep(0.5)
+                        bar.update(0, label())
+
+                first = compactor.engine.tasks_finished()
+                follower = asyncio.create_task(follow_tasks()) if terminal else None
+                try:
+                    tasks = await compactor.until_idle(report)
+                finally:
+                    if follower is not None:
+                        follower.cancel()
             click.echo(
                 f"compacted {done.records} records in {_count(tasks, 'task')}: "
                 f"{done.source_bytes} WAL bytes into {done.parquet_bytes} Parquet bytes"
@@ -263,7 +322,8 @@ def _count(n: int, noun: str) -> str:
 
 
 def _describe(progress: Progress) -> str:
+    tasks = f" in {_count(progress.tasks, 'task')}" if progress.tasks > 1 else ""
     return (
-        f"compacted {progress.records} records of {_count(progress.streams, 'stream')}: "
+        f"compacted {progress.records} records of {_count(progress.streams, 'stream')}{tasks}: "
         f"{progress.source_bytes} WAL bytes into {progress.parquet_bytes} Parquet bytes"
     )

@@ -45,14 +45,26 @@ class LocalCompactionEngine(CompactionEngine):
             raise ConfigError("the local compaction engine needs the configuration to run tasks")
         return cls(context.config, options.workers)
 
+    def tasks_finished(self) -> int:
+        return self._completed
+
+    _completed = 0
+
     async def _run(self, tasks: list[CompactionTask]) -> list[WrittenFile]:
         loop = asyncio.get_running_loop()
-        results = await asyncio.gather(
-            *(loop.run_in_executor(self._pool, run_task_in_worker, self._config, t) for t in tasks)
-        )
+        futures = [
+            loop.run_in_executor(self._pool, run_task_in_worker, self._config, t) for t in tasks
+        ]
+        for future in futures:
+            future.add_done_callback(self._count)
+        results = await asyncio.gather(*futures)
         for result in results:
             self.stats.add(result.requests)
         return [file for result in results for file in result.files]
+
+    def _count(self, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._completed += 1
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True, cancel_futures=True)

@@ -153,11 +153,15 @@ class Compactor:
         running one holds), until nothing is due or ``max_runs`` were planned; returns the
         number of tasks."""
         await self.drop_deleted_topics()
+        tasks = 0
         for record in await self.committer.unfinished():
             log.info("resuming compaction run %s from %s", record.run_id, record.state)
             await self.committer.finish(record)
+            source_bytes = sum(r.byte_end - r.byte_start for r in record.ranges)
+            report(_progress(record, source_bytes))
+            tasks += len(record.tasks)
         running: dict[asyncio.Task[Progress], Plan] = {}
-        planned = tasks = 0
+        planned = 0
         try:
             while True:
                 while len(running) < self._options.max_runs_in_flight and (

@@ -167,13 +167,23 @@ class CompactionEngine(Port):
         (each task opens a store of its own, in another process or on another machine)."""
         return RequestStats()
 
+    def tasks_finished(self) -> int:
+        """How many tasks this engine finished so far, for progress reports. An engine that
+        can tell while a run goes on overrides this; by default a run's tasks count when it
+        returns."""
+        return self._finished
+
+    _finished = 0
+
     async def run(self, tasks: Sequence[CompactionTask]) -> list[WrittenFile]:
         ids = [t.task_id for t in tasks]
         if len(set(ids)) != len(ids):
             raise ValueError("task ids must be unique within a run")
         if not tasks:
             return []
-        return await self._run(list(tasks))
+        files = await self._run(list(tasks))
+        self._finished += len(tasks)
+        return files
 
     @abc.abstractmethod
     async def _run(self, tasks: list[CompactionTask]) -> list[WrittenFile]: ...

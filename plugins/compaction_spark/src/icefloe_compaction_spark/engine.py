@@ -34,6 +34,8 @@ class SparkCompactionEngine(CompactionEngine):
         self._config = config
         self._spark = SparkSessionHolder(options)
         self._closed = False
+        self._running: dict[str, int] = {}
+        """Job groups of runs under way, with their task counts (for progress reports)."""
 
     @classmethod
     async def open(cls, options: SparkCompactionOptions, context: OpenContext) -> Self:
@@ -59,6 +61,7 @@ class SparkCompactionEngine(CompactionEngine):
     async def _run(self, tasks: list[CompactionTask]) -> list[WrittenFile]:
         self._check_open()
         group = f"icefloe-compaction-{uuid.uuid4().hex}"
+        self._running[group] = len(tasks)
         try:
             outcomes = await asyncio.to_thread(self._collect, group, tasks)
         except asyncio.CancelledError:
@@ -66,6 +69,8 @@ class SparkCompactionEngine(CompactionEngine):
             # (One local RPC to the driver's JVM; short enough to make on the event loop.)
             self._spark.cancel(group)
             raise
+        finally:
+            del self._running[group]
         files: list[WrittenFile] = []
         for task_files, requests, error in outcomes:
             self.stats.add(requests)
@@ -91,6 +96,23 @@ class SparkCompactionEngine(CompactionEngine):
         except Py4JError as exc:
             raise StorageError(f"the Spark compaction job failed: {_reason(exc)}") from exc
         return outcomes
+
+    def tasks_finished(self) -> int:
+        """Tasks of finished runs, and those Spark reports finished in runs under way."""
+        context = self._spark.current
+        done = super().tasks_finished()
+        if context is None:
+            return done
+        tracker = context.statusTracker()
+        for group, count in list(self._running.items()):
+            finished = 0
+            for job_id in tracker.getJobIdsForGroup(group):
+                job = tracker.getJobInfo(job_id)
+                for stage_id in job.stageIds if job is not None else ():
+                    stage = tracker.getStageInfo(stage_id)
+                    finished += stage.numCompletedTasks if stage is not None else 0
+            done += min(finished, count)  # a speculative copy may finish too
+        return done
 
     def _check_open(self) -> None:
         if self._closed:
