@@ -87,6 +87,30 @@ def test_a_taken_metrics_port_ends_serve_with_the_port_and_the_fix(tmp_path: Pat
     assert "Traceback" not in err
 
 
+def test_a_taken_schema_registry_port_ends_serve_with_the_port_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, out, err = finished(
+            serve(
+                tmp_path,
+                *("--port", str(free_port()), "--schema-registry-port", str(port)),
+                *("--data-dir", "d"),
+            )
+        )
+
+    assert status == 1
+    assert "Icefloe is serving" not in out
+    line = last_line(err)
+    assert f"cannot serve the schema registry on 127.0.0.1:{port}" in line
+    assert "--schema-registry-port" in line
+    assert "[schema_registry] enabled = false" in line
+    assert "Traceback" not in err
+
+
 def test_an_unusable_data_folder_ends_serve_with_the_folder_and_the_fix(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a folder")
 

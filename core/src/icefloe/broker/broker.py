@@ -139,8 +139,8 @@ class Broker:
             except OSError as exc:
                 raise ConfigError(
                     f"cannot serve the schema registry on {host}:{registry_port}: "
-                    f"{exc.strerror or exc}; choose another [schema_registry] port, or set "
-                    "[schema_registry] enabled = false"
+                    f"{exc.strerror or exc}; choose another with --schema-registry-port (or "
+                    "[schema_registry] port), or set [schema_registry] enabled = false"
                 ) from None
         advertised = self.options.advertised_host or self.options.host
         info = await self.cluster.join(

@@ -240,6 +240,11 @@ def _without_none(value: Any) -> Any:
     type=click.IntRange(0, 65535),
     help="Port of the first broker's /metrics, /livez and /readyz (0: free ports).",
 )
+@click.option(
+    "--schema-registry-port",
+    type=click.IntRange(0, 65535),
+    help="Port of the first broker's schema registry (0: free ports).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -247,6 +252,7 @@ def serve(
     port: int | None,
     brokers: int,
     metrics_port: int | None,
+    schema_registry_port: int | None,
 ) -> int:
     """Run Kafka-compatible brokers (on the embedded default unless configured otherwise)."""
     from icefloe.broker.memory import client_data_bytes
@@ -259,6 +265,8 @@ def serve(
         overrides["broker"] = {"port": port}
     if metrics_port is not None:
         overrides["metrics"] = {"port": metrics_port}
+    if schema_registry_port is not None:
+        overrides["schema_registry"] = {"port": schema_registry_port}
     config = configuration.load_config(ctx.obj.get("config_path"), overrides=overrides)
     for needed in (MetadataStore, ObjectStore, WAL):
         configuration.resolve_one(config, needed)  # fail now, with the fix, not in a child
