@@ -36,6 +36,9 @@ MAX_SCHEMA_CHARS: Final = 512 << 10
 MAX_SUBJECT_CHARS: Final = 255
 MAX_REFERENCES: Final = 100
 REQUEST_TIMEOUT_S: Final = 30.0
+MAX_IN_FLIGHT: Final = 16
+"""Requests handled at once; more wait their turn, so bodies in memory stay under
+``MAX_IN_FLIGHT * MAX_BODY_BYTES`` whatever the number of connections."""
 
 AUTH_CACHE_S: Final = 60.0
 """How long a checked login is taken without checking its password again (a deleted user or a
@@ -184,7 +187,14 @@ class RegistryApi:
         self._serialized: dict[int, str] = {}
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+        turns = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+        @web.middleware
+        async def one_of_a_few(request: web.Request, handler: Handler) -> web.StreamResponse:
+            async with turns:
+                return await handler(request)
+
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[one_of_a_few, _errors])
         r = app.router
         r.add_get("/", self.root)
         r.add_get("/schemas/types", self.types)
