@@ -12,11 +12,21 @@ from typing import Any
 
 import pytest
 
-from icefloe.compaction.planner import StreamPlan, split_by_objects
+from icefloe.compaction import planner
+from icefloe.compaction.committer import TaskRecord, TaskStream
+from icefloe.compaction.planner import (
+    MAX_RUN_ENTRIES,
+    StreamPlan,
+    TaskKind,
+    plan_of,
+    split_by_objects,
+)
 from icefloe.compaction.service import Compactor, Progress
 from icefloe.config import Config, load_config
 from icefloe.ports.compaction import CompactionTask, WrittenFile
+from icefloe.ports.metadata import MAX_VALUE_BYTES
 from icefloe.ports.object_store import RequestKind
+from icefloe.storage import keys
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.topics.registry import TopicRegistry
@@ -211,5 +221,49 @@ async def test_a_background_round_starts_at_most_max_runs_in_flight(
             progress = await compactor.compact_once(force=True)
             assert progress is not None
             assert progress.tasks == max_runs_in_flight
+        finally:
+            await compactor.close()
+
+
+def test_the_record_of_the_largest_run_fits_in_a_metadata_value() -> None:
+    # Every entry a stream of its own, each written to a file of many row groups: the most a
+    # run's record holds.
+    ref = "wal/" + "f" * 64
+    entries = [
+        IndexEntry(s, 1 << 40, 1 << 50, 10, WalLocation(ref, 1 << 30, 1 << 20), 0, 0, 0, ())
+        for s in range(MAX_RUN_ENTRIES)
+    ]
+    streams = [StreamPlan("a-topic-name", e.stream_id, e.stream_id, (e,)) for e in entries]
+    plan = plan_of(streams, {}, TaskKind.COMPACT, (), 1 << 28, 16)
+    record = TaskRecord(plan.run_id, list(plan.tasks), [], created_ms=1)
+    record.streams = [
+        TaskStream(
+            s.topic, s.partition, s.stream_id, [keys.index_key(s.stream_id, 1 << 40, 1 << 50)]
+        )
+        for s in streams
+    ]
+    record.files = [
+        WrittenFile(t.task_id, s, path, 1 << 30, 1 << 20, 1 << 40, 1 << 41, ((1, 2),) * 8, 1, 2)
+        for t in plan.tasks
+        for s, path in t.output_paths
+    ]
+    record.sequences = {"a-topic-name": 1 << 30}
+    assert len(record.encode()) < MAX_VALUE_BYTES
+
+
+async def test_a_run_replaces_at_most_max_run_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(planner, "MAX_RUN_ENTRIES", 5)
+    config = runs_config(tmp_path)
+    async with open_parts(config) as (storage, topics):
+        expected = await fill(storage, topics, rounds=4)
+        compactor = await Compactor.open(config, storage, topics)
+        try:
+            runs: list[Progress] = []
+            await compactor.until_idle(runs.append)
+            assert len(runs) == 3  # 12 entries
+            for name, rows in (await table_rows(compactor, "events")).items():
+                assert rows == wanted(expected), f"{name}: not every record exactly once"
         finally:
             await compactor.close()

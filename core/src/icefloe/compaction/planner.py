@@ -18,6 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from icefloe.config.compactor import CompactorOptions
 from icefloe.ports.compaction import CompactionTask, Source, StreamRange, data_file_name
@@ -28,6 +29,10 @@ from icefloe.storage.transactions import TransactionMarks
 from icefloe.tables import layout
 from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, time_partition, typed_sides
 from icefloe.topics.registry import Topic
+
+MAX_RUN_ENTRIES: Final = 1000
+"""Index entries one run replaces at most: its saga record lists each of them, and its files,
+and must stay well inside a metadata value (1 MiB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +108,7 @@ async def plan_task(
     transactions in its ranges were aborted, to leave them out.
     """
     budget = options.max_task_bytes * options.max_tasks_per_run
+    entries_left = MAX_RUN_ENTRIES
     split = (options.max_task_bytes, options.max_tasks_per_run)
     chosen: list[StreamPlan] = []
     aborted: list[tuple[int, int, int, int]] = []
@@ -113,13 +119,14 @@ async def plan_task(
             if stream_id in busy:
                 continue
             wal_entries = [e async for e in index.entries(stream_id) if e.in_wal]
-            entries = _due(wal_entries, topic, options, now_ms, force, budget)
+            entries = _due(wal_entries, topic, options, now_ms, force, budget)[:entries_left]
             if entries and transactions is not None:
                 entries = await _stable(transactions, stream_id, entries, aborted)
             if entries:
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
-            if budget <= 0:
+                entries_left -= len(entries)
+            if budget <= 0 or entries_left <= 0:
                 return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed)
     if not chosen:
         return None
