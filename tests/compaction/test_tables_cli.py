@@ -149,3 +149,19 @@ def icefloe(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "icefloe", *args], env=env, capture_output=True, text=True
     )
+
+
+def test_compact_takes_a_spark_master_only_with_the_spark_engine(tmp_path: Path) -> None:
+    asyncio.run(seed(tmp_path))
+    result = CliRunner().invoke(
+        cli, ["compact", "--data-dir", str(tmp_path), "--master", "local[1]"], obj={}
+    )
+    assert result.exit_code == 2
+    assert "--master and --spark-conf need the spark engine (--engine spark)" in result.output
+    result = CliRunner().invoke(
+        cli,
+        ["compact", "--data-dir", str(tmp_path), "--engine", "spark", "--spark-conf", "nokey"],
+        obj={},
+    )
+    assert result.exit_code == 2
+    assert "'nokey' is not KEY=VALUE" in result.output
