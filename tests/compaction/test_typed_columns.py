@@ -25,7 +25,7 @@ from icefloe.schemas.model import SchemaType
 from icefloe.schemas.store import SchemaStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
-from icefloe.topics.configs import VALUE_SCHEMA_CONFIG
+from icefloe.topics.configs import KEY_SCHEMA_CONFIG, REWRITE_MIN_FILES_CONFIG, VALUE_SCHEMA_CONFIG
 from icefloe.topics.registry import Topic
 from tests.compaction.conftest import Parts
 from tests.contract.test_table_delta import delta_table
@@ -90,7 +90,7 @@ def encoded(schema_id: int, schema: dict[str, Any], value: dict[str, Any]) -> by
     return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
 
 
-async def register(storage: StreamStorage, schema: dict[str, Any]) -> int:
+async def register(storage: StreamStorage, schema: dict[str, Any] | str) -> int:
     text = json.dumps(schema)
     return await SchemaStore(storage.metadata).claim(
         f"test-{hash(text)}", SchemaType.AVRO, text, ()
@@ -215,3 +215,45 @@ def _check_rows(rows: list[dict[str, Any]]) -> None:
     assert errors[1] == f"unknown schema id {0x7FFF}"
     assert "Avro payload does not decode" in errors[2]
     assert rows[5]["value_schema_id"] is None
+
+
+async def test_keys_too_and_files_of_two_versions_merge_into_one(parts: Parts) -> None:
+    storage, topics, compactor = parts
+    configs = {VALUE_SCHEMA_CONFIG: "registry", KEY_SCHEMA_CONFIG: "registry"}
+    topic = await topics.create("keyed", 1, {**configs, REWRITE_MIN_FILES_CONFIG: "2"})
+    stream = topic.streams[0]
+    key_id = await register(storage, "string")
+    v1, v2 = await register(storage, V1), await register(storage, V2)
+
+    def key(i: int) -> bytes:
+        return b"\x00" + key_id.to_bytes(4, "big") + bytes([2 * len(f"k{i}")]) + f"k{i}".encode()
+
+    # Three rounds, three files: v1, v2, v2 (and a key not in the wire format).
+    rounds = [
+        [Record(0, 1000, key(i), encoded(v1, V1, order(i))) for i in range(2)],
+        [Record(0, 2000, key(i), encoded(v2, V2, order(i, note="n"))) for i in range(2, 4)],
+        [
+            Record(0, 3000, key(4), encoded(v2, V2, order(4, note="n"))),
+            Record(0, 3000, b"raw key", encoded(v2, V2, order(5, note="n"))),
+        ],
+    ]
+    for records in rounds:
+        await storage.append(stream, records)
+        await compactor.until_idle()
+    kafka_before = await values(storage, topic)
+
+    assert await compactor.rewrite_once() is not None  # the files of both versions merge
+    entries = await storage.index.scan(stream)
+    assert [(e.start, e.end) for e in entries] == [(0, 6)]
+    assert await values(storage, topic) == kafka_before
+
+    spec = compactor.committer.table_spec("keyed")
+    rows = pyiceberg_table(compactor.table_formats["iceberg"], spec).scan().to_arrow()
+    rows = rows.sort_by("offset").to_pylist()
+    assert [r["key_fields"] for r in rows] == [{"value": f"k{i}"} for i in range(5)] + [None]
+    assert rows[5]["key_error"].startswith("not in the wire format")
+    assert [r["value_fields"]["note"] for r in rows] == [None] * 2 + ["n"] * 4
+    assert [r["value_fields"]["id"] for r in rows] == list(range(6))
+    for table_format in compactor.table_formats.values():
+        [merged] = await table_format.files(spec)
+        assert merged.record_count == 6

@@ -254,6 +254,41 @@ def test_records_of_schemas_that_conflict_are_dead_letters() -> None:
     assert dead == 1
 
 
+def test_the_subjects_versions_fix_the_types_whatever_records_a_file_holds() -> None:
+    # A file holding only records of version 2, which changed a's type (compatibility NONE):
+    # version 1 comes first, so version 2's records are dead letters in every file, and no
+    # file ever gives the table a second type for a.
+    first = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}
+    second = {
+        "type": "record",
+        "name": "R",
+        "fields": [{"name": "a", "type": "string"}, {"name": "b", "type": "long"}],
+    }
+    schemas = resolved(
+        (1, SchemaType.AVRO, json.dumps(first)), (2, SchemaType.AVRO, json.dumps(second))
+    )
+    table, dead = columns.add_columns(
+        rows_of([header(2) + b"\x02x\x04"]), ["value"], schemas, {"value": [1, 2]}
+    )
+    assert table.schema.field("value_fields").type == pa.struct([pa.field("a", pa.int64())])
+    assert dead == 1
+    assert "schema 2 does not fit the column" in table.column("value_error")[0].as_py()
+
+
+async def test_a_subjects_versions_are_read_in_order_past_deleted_ones() -> None:
+    class Lookup:
+        async def by_id(self, schema_id: int) -> RegisteredSchema | None:
+            return None
+
+        async def by_reference(self, reference: SchemaReference) -> RegisteredSchema | None:
+            ids = {1: 10, 2: 11, 4: 10, 5: 12}  # version 3 deleted for good
+            found = ids.get(reference.version) if reference.subject == "t-value" else None
+            return RegisteredSchema(found, SchemaType.AVRO, '"string"') if found else None
+
+    assert await columns.subject_ids("t-value", Lookup()) == [10, 11, 12]
+    assert await columns.subject_ids("other-value", Lookup()) == []
+
+
 def test_versions_merge_by_field_name() -> None:
     v1 = pa.struct(
         [pa.field("a", pa.int64()), pa.field("s", pa.struct([pa.field("x", pa.string())]))]

@@ -185,7 +185,7 @@ def _encode_task(task: CompactionTask) -> list[Any]:
         [[s, str(unit)] for s, unit in task.time_partitions],
         [[s, *astuple(spec)] for s, spec in task.cleaning],
         [list(a) for a in task.aborted],
-        [[s, list(sides)] for s, sides in task.typed],
+        [[s, topic, list(sides)] for s, topic, sides in task.typed],
     ]
 
 
@@ -200,7 +200,10 @@ def _decode_task(fields: list[Any]) -> CompactionTask:
         tuple((int(s), TimePartition(unit)) for s, unit in (rest[0] if rest else ())),
         tuple((int(s), CleanSpec(*fields)) for s, *fields in (rest[1] if rest[1:] else ())),
         tuple(_aborted(a) for a in (rest[2] if rest[2:] else ())),
-        tuple((int(s), tuple(map(str, sides))) for s, sides in (rest[3] if rest[3:] else ())),
+        tuple(
+            (int(s), str(topic), tuple(map(str, sides)))
+            for s, topic, sides in (rest[3] if rest[3:] else ())
+        ),
     )
 
 

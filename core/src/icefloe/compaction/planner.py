@@ -207,7 +207,7 @@ def plan_of(
             tuple((s.stream_id, s.output_path) for s in group),
             tuple((s.stream_id, units[s.topic]) for s in group if s.topic in units),
             aborted=tuple(a for a in aborted if a[0] in ids),
-            typed=tuple((s.stream_id, typed[s.topic]) for s in group if s.topic in typed),
+            typed=tuple((s.stream_id, s.topic, typed[s.topic]) for s in group if s.topic in typed),
         )
         tasks.append(task)
     return Plan(tuple(tasks), tuple(streams), kind)

@@ -59,7 +59,7 @@ async def execute(
     outputs = dict(task.output_paths)
     units = dict(task.time_partitions)
     cleaning = dict(task.cleaning)
-    typed = dict(task.typed)
+    typed = {stream_id: (topic, sides) for stream_id, topic, sides in task.typed}
     if typed and lookup is None:
         raise ValueError("a task with typed columns needs a schema lookup")
     written = []
@@ -94,14 +94,14 @@ async def execute(
             table = await asyncio.to_thread(_decode_chunks, stream_id, stream_pieces, aborted)
             if stream_id in typed:
                 assert lookup is not None
-                table = await _typed_columns(table, typed[stream_id], lookup)
+                table = await _typed_columns(table, *typed[stream_id], lookup)
         unit = units.get(stream_id)
         first, last = stream_pieces[0][0].start_offset, stream_pieces[-1][0].end_offset
         for run, start, end in _runs(table, unit, first, last):
             parquet, facts = await asyncio.to_thread(encode_data_file, run, start, end)
             path = outputs[stream_id]
             if stream_id in typed:
-                facts["dead_letters"] = columns.dead_letters(run, typed[stream_id])
+                facts["dead_letters"] = columns.dead_letters(run, typed[stream_id][1])
             if unit is not None:
                 path = piece_path(path, stream_id, facts["start_offset"], facts["end_offset"])
                 facts["time_bucket"] = unit.bucket(facts["min_timestamp"])
@@ -110,15 +110,20 @@ async def execute(
     return written
 
 
-async def _typed_columns(table: pa.Table, sides: Sequence[str], lookup: SchemaLookup) -> pa.Table:
-    """``table`` with the typed columns of ``sides``: the schemas of the ids its records carry
-    are looked up first (a registry that cannot answer fails the task, to be retried: an
-    unreachable registry must not turn records into dead letters), then decoded on a thread."""
+async def _typed_columns(
+    table: pa.Table, topic: str, sides: Sequence[str], lookup: SchemaLookup
+) -> pa.Table:
+    """``table`` with the typed columns of ``sides``: the versions of the topic's subjects and
+    the schemas of the ids its records carry are looked up first (a registry that cannot
+    answer fails the task, to be retried: an unreachable registry must not turn records into
+    dead letters), then decoded on a thread."""
     ids = set()
+    versions = {}
     for side in sides:
-        ids |= columns.distinct_schema_ids(table.column(side))
+        versions[side] = await columns.subject_ids(columns.subject(topic, side), lookup)
+        ids |= columns.distinct_schema_ids(table.column(side)) | set(versions[side])
     resolved = await columns.resolve(ids, lookup)
-    typed, _ = await asyncio.to_thread(columns.add_columns, table, sides, resolved)
+    typed, _ = await asyncio.to_thread(columns.add_columns, table, sides, resolved, versions)
     return typed
 
 

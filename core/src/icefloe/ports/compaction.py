@@ -95,10 +95,11 @@ class CompactionTask:
     only."""
     """``(stream_id, spec)`` of the streams this task log-compacts (their sources are data
     files, each rewritten without the records the spec removes)."""
-    typed: tuple[tuple[int, tuple[str, ...]], ...] = ()
-    """``(stream_id, sides)`` of the streams of schema-backed topics: the sides (``"key"``,
-    ``"value"``) decoded from the Confluent wire format into typed columns
-    (:mod:`icefloe.schemas.columns`) as WAL chunks become rows."""
+    typed: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
+    """``(stream_id, topic, sides)`` of the streams of schema-backed topics: the sides
+    (``"key"``, ``"value"``) decoded from the Confluent wire format into typed columns
+    (:mod:`icefloe.schemas.columns`) as WAL chunks become rows; the topic names the registry
+    subjects (``<topic>-value``) whose versions fix the columns' types."""
 
     def refs(self) -> list[str]:
         """The sources the task reads (WAL objects or data files), each once, in first-use

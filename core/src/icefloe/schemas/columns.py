@@ -6,8 +6,12 @@ byte for byte as they are (Kafka catch-up reads are rebuilt from them):
 - ``<side>_schema_id`` (int32): the schema id of the record's wire-format header, or null;
 - ``<side>_error`` (string): why the record did not decode (its dead-letter reason), or null;
 - ``<side>_fields`` (struct): the decoded value, null for a dead letter. Its type is the merge
-  (:func:`.arrow_types.merge`) of the types of every schema the file's records use, in
-  schema-id order, so one file holds records of several versions of a schema.
+  (:func:`.arrow_types.merge`) of the types of the versions of the topic's subject
+  (``<topic>-<side>``, Confluent's default subject name), in version order, then of any other
+  schema the file's records use, in id order; a schema whose type conflicts with those before
+  it gets no column (its records are dead letters). Versions are only ever added to a
+  subject, so every task of every partition derives the same types, and the tables' columns
+  never meet a file whose types conflict with theirs.
 
 Resolving schemas is asynchronous (:func:`resolve`, once per distinct id); decoding is CPU
 work (:func:`add_columns`, on a worker thread) done a slice of rows at a time, so the Python
@@ -16,6 +20,7 @@ values of at most :data:`SLICE_ROWS` records exist at once.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +32,7 @@ import pyarrow.parquet as pq
 
 from icefloe.schemas import wire
 from icefloe.schemas.arrow_types import Decoder, SchemaError, TypeConflict, merge
-from icefloe.schemas.model import RegisteredSchema, SchemaLookup, SchemaType
+from icefloe.schemas.model import RegisteredSchema, SchemaLookup, SchemaReference, SchemaType
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,16 @@ SLICE_ROWS: Final = 4096
 MAX_REFERENCES: Final = 64
 """Most schemas one schema may pull in through references (all levels together)."""
 MAX_ERROR_CHARS: Final = 500
+MAX_VERSIONS: Final = 1000
+"""Versions of a subject read for its types."""
+MISSES: Final = 4
+"""Absent versions in a row that end a subject (versions deleted for good leave gaps)."""
+CACHED_DECODERS: Final = 256
+"""Decoders a process keeps between tasks, by schema (compiling a Protobuf schema runs
+protoc)."""
+_CACHE: collections.OrderedDict[tuple[int, str, tuple[str, ...]], Decoder | str] = (
+    collections.OrderedDict()
+)
 
 
 def schema_id_column(side: str) -> str:
@@ -183,24 +198,62 @@ def dead_letters_in_footer(metadata: pq.FileMetaData, sides: Sequence[str]) -> i
     return dead
 
 
+def subject(topic: str, side: str) -> str:
+    """The registry subject of a topic's keys or values (Confluent's TopicNameStrategy)."""
+    return f"{topic}-{side}"
+
+
+async def subject_ids(name: str, lookup: SchemaLookup) -> list[int]:
+    """The schema ids of subject ``name``'s versions, oldest first (up to
+    :data:`MAX_VERSIONS`; a version deleted for good is skipped, and
+    :data:`MISSES` absent versions in a row end the list)."""
+    ids: list[int] = []
+    misses = 0
+    for version in range(1, MAX_VERSIONS + 1):
+        found = await lookup.by_reference(SchemaReference(name, name, version))
+        if found is None:
+            misses += 1
+            if misses == MISSES:
+                break
+            continue
+        misses = 0
+        if found.id not in ids:
+            ids.append(found.id)
+    return ids
+
+
 def add_columns(
-    table: pa.Table, sides: Sequence[str], resolved: Mapping[int, Resolved]
+    table: pa.Table,
+    sides: Sequence[str],
+    resolved: Mapping[int, Resolved],
+    versions: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[pa.Table, int]:
     """``table`` with the typed columns of ``sides``, and how many records did not decode on
-    some side (the dead letters)."""
+    some side (the dead letters). ``versions``: each side's subject's schema ids, oldest first
+    (:func:`subject_ids`), which come first in the merged type."""
     dead = [False] * table.num_rows
     for side in sides:
-        table = _add_side(table, side, resolved, dead)
+        table = _add_side(table, side, resolved, (versions or {}).get(side, ()), dead)
     return table, sum(dead)
 
 
 def _add_side(
-    table: pa.Table, side: str, resolved: Mapping[int, Resolved], dead: list[bool]
+    table: pa.Table,
+    side: str,
+    resolved: Mapping[int, Resolved],
+    versions: Sequence[int],
+    dead: list[bool],
 ) -> pa.Table:
     raw = table.column(side).to_pylist()
     ids = schema_ids(raw)
-    decoders, unusable = _decoders({i for i in ids if i is not None}, resolved)
-    merged = _merged(decoders, unusable)
+    used = {i for i in ids if i is not None}
+    decoders, unusable = _decoders(used | set(versions), resolved)
+    order = [i for i in versions if i in decoders]
+    order += sorted(i for i in decoders if i not in order)
+    merged = _merged(decoders, unusable, order)
+    for schema_id in set(versions) - used:  # only there for their types
+        decoders.pop(schema_id, None)
+        unusable.pop(schema_id, None)
     ids_out: list[int | None] = []
     errors: list[str | None] = []
     chunks: list[pa.Array] = []
@@ -239,18 +292,33 @@ def _decoders(
                 found.error if found and found.error else f"unknown schema id {schema_id}"
             )
             continue
-        try:
-            decoders[schema_id] = decoder_of(found)
-        except SchemaError as exc:
-            unusable[schema_id] = _clip(f"schema {schema_id} cannot become columns: {exc}")
+        # By text too, not id only: ids are another registry's after a configuration change.
+        key = (schema_id, found.schema.schema, tuple(r.schema for _, r in found.references))
+        cached = _CACHE.get(key)
+        if cached is None:
+            try:
+                cached = decoder_of(found)
+            except SchemaError as exc:
+                cached = _clip(f"schema {schema_id} cannot become columns: {exc}")
+            _CACHE[key] = cached
+            if len(_CACHE) > CACHED_DECODERS:
+                _CACHE.popitem(last=False)
+        else:
+            _CACHE.move_to_end(key)
+        if isinstance(cached, str):
+            unusable[schema_id] = cached
+        else:
+            decoders[schema_id] = cached
     return decoders, unusable
 
 
-def _merged(decoders: dict[int, Decoder], unusable: dict[int, str]) -> pa.StructType | None:
-    """The merged type of the usable schemas, in id order; a schema whose type conflicts with
-    those before it becomes unusable (its records are dead letters)."""
+def _merged(
+    decoders: dict[int, Decoder], unusable: dict[int, str], order: Sequence[int]
+) -> pa.StructType | None:
+    """The merged type of the usable schemas, in ``order``; a schema whose type conflicts
+    with those before it becomes unusable (its records are dead letters)."""
     merged: pa.DataType | None = None
-    for schema_id in sorted(decoders):
+    for schema_id in order:
         own = decoders[schema_id].arrow_type
         try:
             merged = own if merged is None else merge(merged, own)

@@ -77,6 +77,9 @@ class AvroDecoder:
             raise SchemaError(f"not a usable Avro schema: {exc}") from None
         self._named = named
         self._budget = Budget()
+        self._unions = False
+        """Whether a union of several members needs fastavro to name its member (which costs
+        a quarter of the decoding time, so it is asked for only then)."""
         try:
             root, convert = self._type(self._schema, 0, ())
         except (KeyError, TypeError, AttributeError) as exc:  # a shape fastavro let through
@@ -94,8 +97,8 @@ class AvroDecoder:
                 io.BytesIO(payload),
                 self._schema,
                 None,
-                return_named_type=True,
-                return_named_type_override=True,
+                return_named_type=self._unions,
+                return_named_type_override=self._unions,
             )
         except (ValueError, TypeError, KeyError, IndexError, EOFError, UnicodeDecodeError) as exc:
             raise ValueError(f"Avro payload does not decode: {exc or type(exc).__name__}") from None
@@ -151,6 +154,7 @@ class AvroDecoder:
             return pa.null(), None
         if len(others) == 1:
             return self._type(others[0], depth, stack)
+        self._unions = True
         fields, branches = [], []
         for member in others:
             name, kind = self._member_name(member)
