@@ -123,7 +123,7 @@ message Visit {
 """,
 }
 AT = datetime.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=datetime.UTC)
-TOPICS = ("avro-orders", "json-shipments", "proto-visits")
+TOPICS = ("avro-orders", "json-shipments", "proto-visits", "avro-changes")
 CONFIG = {"icefloe.table.value.schema": "registry"}
 
 
@@ -218,6 +218,15 @@ def produce_all(running: RunningIcefloe, folder: Path) -> None:
         visit.at.seconds = 1_800_000_000 + i
         encoded.append(serialize_proto(visit, visits))
     send("proto-visits", [*encoded, encoded[0][:6] + b"\xff\xff\xff"])
+
+    # Under compatibility NONE, a version that changes a field's type: its records are dead
+    # letters (the first version's type stays the column's).
+    registry.set_compatibility("avro-changes-value", "NONE")
+    changes = SerializationContext("avro-changes", MessageField.VALUE)
+    first = {"type": "record", "name": "Change", "fields": [{"name": "n", "type": "long"}]}
+    retyped = {"type": "record", "name": "Change", "fields": [{"name": "n", "type": "string"}]}
+    send("avro-changes", [AvroSerializer(registry, json.dumps(first))({"n": 1}, changes)])
+    send("avro-changes", [AvroSerializer(registry, json.dumps(retyped))({"n": "x"}, changes)])
     assert producer.flush(30) == 0
 
 
@@ -232,7 +241,8 @@ def consume(running: RunningIcefloe, topic: str) -> list[tuple[int, bytes | None
     )
     consumer.subscribe([topic])
     seen: list[tuple[int, bytes | None]] = []
-    expected = {"avro-orders": 33, "json-shipments": 11, "proto-visits": 11}[topic]
+    expected = {"avro-orders": 33, "json-shipments": 11, "proto-visits": 11, "avro-changes": 2}
+    expected = expected[topic]
     try:
         for _ in range(240):
             message = consumer.poll(0.5)
@@ -266,7 +276,7 @@ def produced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Produced]:
 
 def test_consumers_read_the_same_bytes_before_and_after_compaction(produced: Produced) -> None:
     assert produced.before == produced.after
-    assert [len(produced.after[t]) for t in TOPICS] == [33, 11, 11]
+    assert [len(produced.after[t]) for t in TOPICS] == [33, 11, 11, 2]
 
 
 def scans(produced: Produced, topic: str) -> list[str]:
@@ -363,7 +373,7 @@ def test_bad_records_of_each_kind_are_dead_letters_counted_and_kept(produced: Pr
         assert dead[1][3:] == (0x7FFFFFF0, f"unknown schema id {0x7FFFFFF0}")
         assert "Avro payload does not decode" in dead[2][4]
     counts = {topic: produced.tables[(topic, "delta")]["dead_letters"] for topic in TOPICS}
-    assert counts == {"avro-orders": 3, "json-shipments": 1, "proto-visits": 1}
+    assert counts == {"avro-orders": 3, "json-shipments": 1, "proto-visits": 1, "avro-changes": 1}
     with urllib.request.urlopen(produced.running.metrics_urls[0], timeout=10) as response:
         text = response.read().decode()
     exported = {
@@ -371,4 +381,11 @@ def test_bad_records_of_each_kind_are_dead_letters_counted_and_kept(produced: Pr
         for line in text.splitlines()
         if line.startswith("icefloe_dead_letters_total{")
     }
-    assert exported == {"avro-orders": 3.0, "json-shipments": 1.0, "proto-visits": 1.0}
+    assert exported == {k: float(v) for k, v in counts.items()}
+    for relation in scans(produced, "avro-changes"):
+        rows = duck.execute(
+            f'SELECT value_fields.n, value_error FROM {relation} ORDER BY "offset"'
+        ).fetchall()
+        assert rows[0] == (1, None), relation
+        assert rows[1][0] is None
+        assert "does not fit the column: field n is int64 in one schema and string" in rows[1][1]
