@@ -255,10 +255,12 @@ def test_protobuf_records_with_an_import_through_kafka(
     with pytest.raises(SchemaRegistryError) as referenced:
         second.delete_subject("shop/address.proto")
     assert referenced.value.error_code == 42206
-    # Text and base64 forms both resolve: the deserializer read the serialized form above;
-    # the stored text compiles for a reader that asks for it.
-    text = requests.get(f"{icefloe.registry_urls[1]}/schemas/ids/{latest.schema_id}", timeout=10)
-    assert text.json()["schemaType"] == "PROTOBUF"
+    # The serializer registered base64 of the descriptor, and the deserializer read that form
+    # (format=serialized); other readers get it as .proto text, as from Confluent's registry.
+    shown = requests.get(f"{icefloe.registry_urls[1]}/schemas/ids/{latest.schema_id}", timeout=10)
+    assert shown.json()["schemaType"] == "PROTOBUF"
+    assert 'import "shop/address.proto";' in shown.json()["schema"]
+    assert "map<string, int64> points = 4;" in shown.json()["schema"]
     # Changing a field's type is refused, reusing a removed field's number too.
     changed = PROTOS["shop/customer.proto"].replace("string name = 1", "int64 name = 1")
     refs = [SchemaReference("shop/address.proto", "shop/address.proto", address.version)]

@@ -23,6 +23,7 @@ from icefloe.ports.base import OpenContext
 from icefloe.schemas.http import MAX_BODY_BYTES, RegistryApi, RegistryServer
 from icefloe.schemas.lookup import RemoteLookup, StoreLookup
 from icefloe.schemas.model import RegisteredSchema, SchemaReference, SchemaType
+from icefloe.schemas.protobuf_schema import decode_serialized
 from icefloe.security.users import ScramCredential, UserStore
 
 RECORD = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}]})
@@ -174,6 +175,13 @@ async def test_the_remote_lookup_reads_a_served_registry(tmp_path: Path) -> None
             }
             async with session.post(f"{url}/subjects/m-value/versions", json=main) as answer:
                 main_id = (await answer.json(content_type=None))["id"]
+            # Registered as text, the schema is served as base64 of its descriptor to the
+            # readers that ask for that form, as Confluent's Python deserializers do.
+            latest = f"{url}/subjects/m-value/versions/latest?format=serialized"
+            async with session.get(latest) as answer:
+                proto = decode_serialized((await answer.json(content_type=None))["schema"])
+            assert [m.name for m in proto.message_type] == ["M"]
+            assert list(proto.dependency) == ["d.proto"]
         found = await lookup.by_id(main_id)
         assert found is not None
         assert found.schema_type is SchemaType.PROTOBUF

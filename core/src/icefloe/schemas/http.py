@@ -22,8 +22,9 @@ from aiohttp import web
 
 from icefloe.errors import IcefloeError
 from icefloe.ports.metadata import MetadataStore
-from icefloe.schemas.model import SchemaReference, SchemaType
-from icefloe.schemas.protobuf_schema import serialized
+from icefloe.schemas.model import RegisteredSchema, SchemaReference, SchemaType
+from icefloe.schemas.protobuf_schema import decode_serialized, serialized
+from icefloe.schemas.protobuf_text import to_text
 from icefloe.schemas.registry import Registry, RegistryError, SubjectVersion
 from icefloe.schemas.store import MAX_ID
 
@@ -163,12 +164,12 @@ def _references(found: tuple[SchemaReference, ...]) -> list[dict[str, Any]]:
     return [{"name": r.name, "subject": r.subject, "version": r.version} for r in found]
 
 
-def _version_body(found: SubjectVersion) -> dict[str, Any]:
+def _version_body(found: SubjectVersion, text: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "subject": found.subject,
         "version": found.version,
         "id": found.schema.id,
-        "schema": found.schema.schema,
+        "schema": text,
     }
     if found.schema.schema_type is not SchemaType.AVRO:
         body["schemaType"] = found.schema.schema_type.value
@@ -184,7 +185,8 @@ class RegistryApi:
 
     def __init__(self, metadata: MetadataStore) -> None:
         self.registry = Registry(metadata)
-        self._serialized: dict[int, str] = {}
+        self._converted: dict[tuple[int, bool], str] = {}
+        """Protobuf schemas in the other form than they were registered in, by id and form."""
 
     def app(self) -> web.Application:
         turns = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -234,19 +236,29 @@ class RegistryApi:
 
     async def _schema_text(self, request: web.Request, schema_id: int) -> tuple[Any, str]:
         schema = await self.registry.schema(schema_id)
-        text = schema.schema
-        if (
-            request.query.get("format") == "serialized"
-            and schema.schema_type is SchemaType.PROTOBUF
-        ):
-            text = self._serialized.get(schema_id) or ""
-            if not text:
+        return schema, await self._shown(request, schema)
+
+    async def _shown(self, request: web.Request, schema: RegisteredSchema) -> str:
+        """The schema's text as the request asks for it: a Protobuf schema as base64 of its
+        descriptor with ``format=serialized``, else as ``.proto`` text where it prints."""
+        if schema.schema_type is not SchemaType.PROTOBUF:
+            return schema.schema
+        wanted = request.query.get("format") == "serialized"
+        is_serialized = decode_serialized(schema.schema) is not None
+        if wanted == is_serialized:
+            return schema.schema
+        key = (schema.id, wanted)
+        text = self._converted.get(key)
+        if text is None:
+            if wanted:
                 references = await self.registry.resolve(schema.references)
                 text = await asyncio.to_thread(serialized, schema.schema, references)
-                self._serialized[schema_id] = text
-                if len(self._serialized) > 1024:
-                    self._serialized.pop(next(iter(self._serialized)))
-        return schema, text
+            else:
+                text = to_text(decode_serialized(schema.schema)) or schema.schema
+            self._converted[key] = text
+            if len(self._converted) > 1024:
+                self._converted.pop(next(iter(self._converted)))
+        return text
 
     async def schema_by_id(self, request: web.Request) -> web.Response:
         schema, text = await self._schema_text(request, _schema_id(request))
@@ -299,19 +311,20 @@ class RegistryApi:
         found = await self.registry.lookup(
             subject, schema.schema_type, schema.text, schema.references, _flag(request, "deleted")
         )
-        return _answer(_version_body(found))
+        return _answer(_version_body(found, await self._shown(request, found.schema)))
 
     async def version(self, request: web.Request) -> web.Response:
         found = await self.registry.version(
             _subject(request), request.match_info["version"], _flag(request, "deleted")
         )
-        return _answer(_version_body(found))
+        return _answer(_version_body(found, await self._shown(request, found.schema)))
 
     async def raw_version(self, request: web.Request) -> web.Response:
         found = await self.registry.version(
             _subject(request), request.match_info["version"], _flag(request, "deleted")
         )
-        return web.Response(text=found.schema.schema, content_type="text/plain")
+        text = await self._shown(request, found.schema)
+        return web.Response(text=text, content_type="text/plain")
 
     async def referenced_by(self, request: web.Request) -> web.Response:
         ids = await self.registry.referenced_by(_subject(request), request.match_info["version"])
