@@ -151,7 +151,7 @@ async def task_of(storage: StreamStorage, streams: list[int], typed: bool) -> Co
             )
     tag = "typed" if typed else "raw"
     outputs = tuple((s, f"bench/{tag}/stream-{s}.parquet") for s in streams)
-    sides = tuple((s, ("value",)) for s in streams) if typed else ()
+    sides = tuple((s, "bench", ("value",)) for s in streams) if typed else ()
     return CompactionTask(tag, tuple(ranges), outputs, typed=sides)
 
 
