@@ -319,7 +319,10 @@ def test_config_modes_and_deletes_through_the_client(icefloe: RunningIcefloe) ->
     with pytest.raises(SchemaRegistryError) as read_only:
         first.register_schema("cfg-value", Schema(record([{"name": "d", "type": "int"}]), "AVRO"))
     assert read_only.value.error_code == 42205
-    first.update_mode("cfg-value", "IMPORT")
+    with pytest.raises(SchemaRegistryError) as not_empty:
+        first.update_mode("cfg-value", "IMPORT")
+    assert not_empty.value.error_code == 42205
+    first.update_mode("cfg-value", "IMPORT", force=True)
     imported = record([{"name": "e", "type": "int"}])
     answer = requests.post(
         f"{url}/subjects/cfg-value/versions",

@@ -381,7 +381,8 @@ class RegistryApi:
     async def put_mode(self, request: web.Request) -> web.Response:
         subject = self._optional_subject(request)
         mode = (await _body(request)).get("mode")
-        return _answer({"mode": await self.registry.set_mode(subject, mode)})
+        force = _flag(request, "force")
+        return _answer({"mode": await self.registry.set_mode(subject, mode, force)})
 
     async def delete_mode(self, request: web.Request) -> web.Response:
         return _answer({"mode": await self.registry.delete_mode(self._optional_subject(request))})

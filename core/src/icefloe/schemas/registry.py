@@ -415,9 +415,19 @@ class Registry:
         await self.store.delete_setting("config", subject)
         return before
 
-    async def set_mode(self, subject: str | None, mode: object) -> str:
+    async def set_mode(self, subject: str | None, mode: object, force: bool = False) -> str:
+        """As Confluent's: IMPORT only where no schema is registered yet, unless forced."""
         if not isinstance(mode, str) or mode.upper() not in MODES:
             raise RegistryError(42204, f"Invalid mode: {mode!r}")
+        if mode.upper() == "IMPORT" and not force:
+            if subject is None:
+                taken = bool(await self.subjects())
+            else:
+                taken = any(not v.deleted for v in await self.store.versions(subject))
+            if taken:
+                raise RegistryError(
+                    42205, "Cannot import since found existing subjects; set force=true"
+                )
         await self.store.set_setting("mode", subject, mode.upper())
         return mode.upper()
 
