@@ -1,33 +1,46 @@
 """The registry's keys: ids claimed by compare-and-set across stores, lookups by id and by
-reference, on the embedded metadata store (two stores on one file act as two brokers)."""
+reference, on the embedded metadata store, etcd and Oxia (two stores on one file or namespace
+act as two brokers)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from icefloe.config import load_config
-from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
+from icefloe.config import load_config, resolve_one
 from icefloe.errors import ConflictError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.metadata import MetadataStore
 from icefloe.schemas.lookup import RemoteLookup, StoreLookup, open_lookup
 from icefloe.schemas.model import SchemaReference, SchemaType
 from icefloe.schemas.store import SchemaStore
+from tests.support.metadata_servers import shared_etcd, shared_oxia
 
 
-async def _open(path: Path) -> MetadataStore:
-    return await SqliteMetadataStore.open(
-        SqliteMetadataStore.options_model(), OpenContext(data_dir=path)
-    )
+async def _open(path: Path, backend: str) -> MetadataStore:
+    """A store of ``backend``; two opened on one ``path`` share their keys, as two brokers'."""
+    if backend == "sqlite":
+        options: dict[str, Any] = {}
+    else:
+        server = shared_oxia() if backend == "oxia" else shared_etcd()
+        namespace = f"registry-{path.name}"
+        options = (
+            server.oxia_options(namespace) if backend == "oxia" else server.etcd_options(namespace)
+        )
+    config = load_config(env={}, overrides={"metadata": {"backend": backend, backend: options}})
+    return await resolve_one(config, MetadataStore).open(OpenContext(data_dir=path))
 
 
-@pytest.fixture
-async def stores(tmp_path: Path) -> AsyncIterator[tuple[MetadataStore, MetadataStore]]:
-    first, second = await _open(tmp_path), await _open(tmp_path)
+@pytest.fixture(params=["sqlite", "etcd", "oxia"])
+async def stores(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[MetadataStore, MetadataStore]]:
+    first = await _open(tmp_path, request.param)
+    second = await _open(tmp_path, request.param)
     yield first, second
     await first.close()
     await second.close()
