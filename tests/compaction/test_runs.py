@@ -157,6 +157,7 @@ async def test_one_run_of_many_tasks_reads_each_object_once_and_commits_once(
             tasks = await compactor.until_idle(runs.append)
             assert len(runs) == 1
             assert tasks == runs[0].tasks > 1
+            assert compactor.engine.tasks_finished() == tasks
             assert compactor.engine.stats.requests[RequestKind.GET] == len(objects)
             spec = compactor.committer.table_spec("events")
             for table_format in compactor.table_formats.values():

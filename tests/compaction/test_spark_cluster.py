@@ -178,6 +178,7 @@ async def test_compaction_on_the_cluster_spreads_tasks_and_keeps_records_once(
         monkeypatch.setattr(store, name, functools.partial(recorded, name, method, touched))
     tasks = await compactor.until_idle()
     assert tasks >= 2
+    assert compactor.engine.tasks_finished() == tasks
     # The executors read the WAL and wrote the data files; the driver wrote the tables'
     # metadata and read data files' footers (Delta's statistics), so no record went through it.
     assert moved(compactor.engine.stats) > sum(len(rows) for rows in expected.values()) * 50
@@ -261,8 +262,15 @@ async def test_an_executor_killed_mid_task_is_retried_and_no_file_is_registered_
 ) -> None:
     _, storage, topics, compactor = parts
     expected = await fill(storage, topics)
+    before = compactor.engine.tasks_finished()
     running = asyncio.create_task(compactor.until_idle())
     worker_pid = int(await wait_for(slowed_tasks / "slow"))
+    # The run's other task finishes while this one waits: progress counts it mid-run.
+    deadline = time.monotonic() + 60
+    while compactor.engine.tasks_finished() == before:
+        assert time.monotonic() < deadline, "no task counted finished while the job ran"
+        await asyncio.sleep(0.1)
+    assert not running.done()
     victim = executor_of(worker_pid, cluster.executor_pids())
     os.kill(victim, signal.SIGKILL)
     tasks = await asyncio.wait_for(running, 120)
