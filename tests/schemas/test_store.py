@@ -117,3 +117,18 @@ def test_an_external_url_gives_the_remote_lookup(
     assert config.schema_registry.url == "http://registry.example:8081"
     assert not config.schema_registry.served
     assert isinstance(open_lookup(config, stores[0]), RemoteLookup)
+
+
+async def test_an_imported_id_is_never_given_to_another_schema(
+    stores: tuple[MetadataStore, MetadataStore],
+) -> None:
+    store = SchemaStore(stores[0])
+    assert await store.claim("imported", SchemaType.AVRO, '"int"', (), wanted_id=2) == 2
+    assert await store.claim("imported", SchemaType.AVRO, '"int"', (), wanted_id=2) == 2
+    with pytest.raises(ConflictError):
+        await store.claim("other", SchemaType.AVRO, '"long"', (), wanted_id=2)
+    with pytest.raises(ConflictError):
+        await store.claim("imported", SchemaType.AVRO, '"int"', (), wanted_id=3)
+    fresh = [await store.claim(f"new-{i}", SchemaType.AVRO, f'"n{i}"', ()) for i in range(3)]
+    assert 2 not in fresh
+    assert len(set(fresh)) == 3
