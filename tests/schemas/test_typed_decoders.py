@@ -85,6 +85,9 @@ def test_a_schema_whose_root_is_not_a_record_is_a_struct_of_one_value() -> None:
                 "fields": [{"name": "a", "type": "int"}, {"name": "a", "type": "int"}],
             }
         ),
+        # Items of no bytes: a tiny payload could claim billions of them.
+        '{"type": "array", "items": "null"}',
+        '{"type": "map", "values": {"type": "record", "name": "E", "fields": []}}',
     ],
 )
 def test_unusable_avro_schemas_are_refused(schema: str) -> None:
@@ -195,6 +198,32 @@ def test_any_bytes_become_a_value_or_a_dead_letter(values: list[bytes | None]) -
     assert dead == sum(e is not None for e in errors)
     for value, error, field in zip(values, errors, fields, strict=True):
         assert (error is None) == (value is None or field is not None)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 3]), st.binary(max_size=64)), max_size=20))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_payload_under_a_known_schema_is_a_value_or_a_dead_letter(
+    records: list[tuple[int, bytes]],
+) -> None:
+    known = resolved(
+        (0, SchemaType.AVRO, json.dumps(RECORD)),
+        (
+            1,
+            SchemaType.JSON,
+            json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}),
+        ),
+        (2, SchemaType.AVRO, '"string"'),
+        (
+            3,
+            SchemaType.AVRO,
+            json.dumps({"type": "array", "items": {"type": "map", "values": "long"}}),
+        ),
+    )
+    values = [header(i) + payload for i, payload in records]
+    table, dead = columns.add_columns(rows_of(values), ["value"], known)
+    errors = table.column("value_error").to_pylist()
+    assert dead == sum(e is not None for e in errors)
+    assert table.column("value_schema_id").to_pylist() == [i for i, _ in records]
 
 
 def test_each_kind_of_bad_record_has_its_reason() -> None:

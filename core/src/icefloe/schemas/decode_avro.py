@@ -139,9 +139,11 @@ class AvroDecoder:
         if kind == "fixed":
             return pa.binary(), None
         if kind == "array":
+            _check_items(node["items"], self._named)
             element, convert = self._type(node["items"], depth + 1, stack)
             return list_of(element), None if convert is None else _each(convert)
         if kind == "map":
+            _check_items(node["values"], self._named)
             value, convert = self._type(node["values"], depth + 1, stack)
             return map_of(pa.string(), value), None if convert is None else _values(convert)
         return self._type(kind, depth, stack)  # {"type": "string"} and named references
@@ -175,6 +177,34 @@ class AvroDecoder:
         if text in self._named and self._named[text].get("type") not in _PRIMITIVES:
             return text.rpartition(".")[2], text
         return text, text
+
+
+def _check_items(node: Any, named: dict[str, Any]) -> None:
+    """Refuse items that take no bytes (``null``, an empty record, a ``fixed`` of size 0): a
+    payload of a few bytes could then claim billions of them, and decoding it would fill
+    memory rather than run out of bytes."""
+    if _min_bytes(node, named, 0) == 0:
+        raise SchemaError("an array or map of items that take no bytes")
+
+
+def _min_bytes(node: Any, named: dict[str, Any], depth: int) -> int:
+    if depth > 64:
+        return 1
+    if isinstance(node, str):
+        if node == "null":
+            return 0
+        return _min_bytes(named[node], named, depth + 1) if node in named else 1
+    if isinstance(node, list):
+        return 1  # the member index
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if kind in ("record", "error"):
+            return sum(_min_bytes(f["type"], named, depth + 1) for f in node.get("fields", ()))
+        if kind == "fixed":
+            return int(node.get("size", 0))
+        if isinstance(kind, (str, list, dict)) and kind not in ("array", "map", "enum"):
+            return _min_bytes(kind, named, depth + 1)
+    return 1
 
 
 def _is_record(node: Any, named: dict[str, Any]) -> bool:
