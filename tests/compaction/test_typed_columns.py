@@ -21,10 +21,12 @@ from click.testing import CliRunner
 
 from icefloe import metrics
 from icefloe.cli import cli
+from icefloe.errors import NotFoundError
 from icefloe.schemas.model import SchemaType
 from icefloe.schemas.store import SchemaStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
+from icefloe.tables import layout
 from icefloe.topics.configs import KEY_SCHEMA_CONFIG, REWRITE_MIN_FILES_CONFIG, VALUE_SCHEMA_CONFIG
 from icefloe.topics.registry import Topic
 from tests.compaction.conftest import Parts
@@ -137,10 +139,9 @@ async def test_avro_values_become_typed_columns_that_evolve_in_both_tables(
     shown = await asyncio.to_thread(
         CliRunner().invoke, cli, ["tables", "--json"], obj={}, catch_exceptions=False
     )
-    assert {(r["format"], r["dead_letters"]) for r in json.loads(shown.output)} == {
-        ("iceberg", 3),
-        ("delta", 3),
-    }
+    shown_rows = json.loads(shown.output)
+    assert {(r["format"], r["dead_letters"]) for r in shown_rows} == {("iceberg", 3), ("delta", 3)}
+    assert [r["dead_letter_table"]["files"] for r in shown_rows] == [1, 1]
 
     spec = compactor.committer.table_spec("orders")
     iceberg = pyiceberg_table(compactor.table_formats["iceberg"], spec)
@@ -160,6 +161,22 @@ async def test_avro_values_become_typed_columns_that_evolve_in_both_tables(
     query = QueryBuilder().register("t", delta)
     delta_rows = pa.table(query.execute('SELECT * FROM t ORDER BY "offset"').read_all())
     _check_rows(delta_rows.to_pylist())
+
+    # The dead-letter table, in both formats: where each bad record is, its bytes, why.
+    letters = layout.dead_letter_spec(storage.object_store, spec, "orders")
+    assert letters.identifier == "icefloe.orders_dead_letters"
+    iceberg_letters = pyiceberg_table(compactor.table_formats["iceberg"], letters)
+    query = QueryBuilder().register("d", delta_table(letters))
+    for found in (
+        iceberg_letters.scan().to_arrow(),
+        pa.table(query.execute("SELECT * FROM d").read_all()),
+    ):
+        rows = sorted(found.to_pylist(), key=lambda r: r["offset"])
+        assert [(r["partition"], r["offset"], r["value"]) for r in rows] == [
+            (0, 5 + i, v) for i, v in enumerate(bad)
+        ]
+        assert [r["value_schema_id"] for r in rows] == [None, 0x7FFF, v1]
+        assert rows[1]["value_error"] == f"unknown schema id {0x7FFF}"
 
     metadata_json = (await compactor.table_formats["iceberg"].ensure_table(spec)).metadata_location
     duck = duckdb_connection()
@@ -257,3 +274,16 @@ async def test_keys_too_and_files_of_two_versions_merge_into_one(parts: Parts) -
     for table_format in compactor.table_formats.values():
         [merged] = await table_format.files(spec)
         assert merged.record_count == 6
+
+    # The raw key is a dead letter; deleting the topic drops its dead-letter table too.
+    letters = layout.dead_letter_spec(storage.object_store, spec, "keyed")
+    for table_format in compactor.table_formats.values():
+        assert [f.record_count for f in await table_format.files(letters)] == [1]
+    await topics.delete("keyed")
+    await compactor.drop_deleted_topics()
+    assert [
+        i async for i in storage.object_store.list(layout.dead_letter_root("keyed") + "/")
+    ] == []
+    for table_format in compactor.table_formats.values():
+        with pytest.raises(NotFoundError):
+            await table_format.files(letters)

@@ -123,6 +123,7 @@ message Visit {
 """,
 }
 AT = datetime.datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=datetime.UTC)
+FORMATS = ("iceberg", "delta")
 TOPICS = ("avro-orders", "json-shipments", "proto-visits", "avro-changes")
 CONFIG = {"icefloe.table.value.schema": "registry"}
 
@@ -360,7 +361,13 @@ def test_json_schema_and_protobuf_records_are_typed_columns(produced: Produced) 
 
 def test_bad_records_of_each_kind_are_dead_letters_counted_and_kept(produced: Produced) -> None:
     duck = duckdb_connection()
-    for relation in scans(produced, "avro-orders"):
+    # The topic's dead-letter table, in both formats, holds them; so does the topic's table.
+    letters = {f: produced.tables[("avro-orders", f)]["dead_letter_table"] for f in FORMATS}
+    dead_letter_scans = [
+        f"iceberg_scan('{letters['iceberg']['metadata_location']}')",
+        f"delta_scan('{letters['delta']['location']}')",
+    ]
+    for relation in [*dead_letter_scans, *scans(produced, "avro-orders")]:
         dead = duck.execute(
             f'SELECT "partition", "offset", value, value_schema_id, value_error FROM {relation} '
             f'WHERE value_error IS NOT NULL ORDER BY "offset"'

@@ -29,6 +29,7 @@ from icefloe.schemas import columns
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.parquet_reader import ParquetRangeReader
+from icefloe.tables import layout
 from icefloe.topics.configs import typed_sides
 from icefloe.topics.registry import Topic, TopicRegistry
 
@@ -226,12 +227,15 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             lag, _ = await compactor.backlog(topic)
             spec = compactor.committer.table_spec(topic.name)
             dead = await _dead_letters(compactor, topic)
+            store = compactor.storage.object_store
+            letters = layout.dead_letter_spec(store, spec, topic.name)
             for name, table_format in compactor.table_formats.items():
-                rows.append(
-                    {"topic": topic.name, "format": name, "lag_records": lag}
-                    | await _describe_table(table_format, spec)
-                    | ({"dead_letters": dead} if dead is not None else {})
-                )
+                row = {"topic": topic.name, "format": name, "lag_records": lag}
+                row |= await _describe_table(table_format, spec)
+                if dead is not None:  # a schema-backed topic: its dead letters and their table
+                    row["dead_letters"] = dead
+                    row["dead_letter_table"] = await _describe_table(table_format, letters)
+                rows.append(row)
             if not compactor.table_formats:
                 rows.append(
                     {
@@ -263,6 +267,21 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             + f", {row['lag_records']} records not yet in the table"
             + (f", {_count(row['dead_letters'], 'dead letter')}" if "dead_letters" in row else "")
         )
+        if letters := row.get("dead_letter_table"):
+            click.echo(
+                f"{row['topic']}: {row['format']} dead letters {letters['identifier']} at "
+                f"{letters['location']}"
+                + (
+                    f" (metadata {letters['metadata_location']})"
+                    if letters["metadata_location"]
+                    else ""
+                )
+                + (
+                    f", commit {letters['commit']}"
+                    if letters["commit"] is not None
+                    else ", none yet"
+                )
+            )
 
 
 async def _dead_letters(compactor: Compactor, topic: Topic) -> int | None:

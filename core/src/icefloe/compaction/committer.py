@@ -354,6 +354,7 @@ class Committer:
         assert record.sequences is not None
         added: dict[str, list[DataFile]] = {topic: [] for topic in record.sequences}
         removed: dict[str, list[str]] = {topic: [] for topic in record.sequences}
+        dead: dict[str, list[DataFile]] = {topic: [] for topic in record.sequences}
         stream_of = {s.stream_id: s for s in record.streams}
         now_ms = int(time.time() * 1000)
         for f in record.files:
@@ -368,6 +369,11 @@ class Committer:
                     f.time_bucket,
                 )
             )
+            if f.dead_letter_path is not None:
+                path = layout.dead_letter_relative_path(stream.topic, f.dead_letter_path)
+                dead[stream.topic].append(
+                    DataFile(path, f.dead_letter_size, f.dead_letters, stream.partition, now_ms)
+                )
         for stream in record.streams:
             if stream.topic in removed:
                 removed[stream.topic].extend(
@@ -394,6 +400,14 @@ class Committer:
                     metrics.TABLE_COMMIT_FAILURES.labels(format_name),
                 ):
                     await table_format.commit(spec, sequence, added[topic], taken)
+                if dead[topic]:
+                    # The topic's dead-letter table, under the same sequence (each table skips
+                    # a sequence it has; this one only gets those with dead letters).
+                    letters = layout.dead_letter_spec(self._store, spec, topic)
+                    if (id(table_format), f"dead-letters:{topic}") not in self._ensured:
+                        await table_format.ensure_table(letters)
+                        self._ensured.add((id(table_format), f"dead-letters:{topic}"))
+                    await table_format.commit(letters, sequence, dead[topic])
                 if sequence % self._expire_every == 0:
                     await table_format.expire(spec, now_ms - self._history_ms(topic))
 
@@ -470,6 +484,8 @@ class Committer:
         for f in record.files or ():
             if f.stream_id == stream.stream_id:
                 await self._store.delete(f.path)
+                if f.dead_letter_path is not None:
+                    await self._store.delete(f.dead_letter_path)
 
     async def _remove_entries(self, stream: TaskStream) -> None:
         """The expiry's index step: the entries still there leave the front of the stream."""

@@ -31,11 +31,15 @@ async def drop_tables(
     spec: TableSpec,
     table_formats: Mapping[str, TableFormat],
     store: ObjectStore,
+    *,
+    root: str | None = None,
+    metadata_root: str | None = None,
 ) -> int:
     """Drop ``deleted``'s tables (``spec``) in every format and delete their files; return
-    the number of objects deleted."""
+    the number of objects deleted. ``root`` and ``metadata_root`` name the folders of another
+    of the topic's tables than its own (its dead-letter table)."""
     name = deleted.topic.name
-    root = layout.table_root(name)
+    root = root or layout.table_root(name)
     data_files: set[str] = set()
     for table_format in table_formats.values():
         with contextlib.suppress(NotFoundError):  # never created, or dropped by an earlier try
@@ -48,7 +52,7 @@ async def drop_tables(
     deleted_s = deleted.deleted_ms / 1000
     metadata = [
         info.key
-        async for info in store.list(layout.iceberg_metadata_root(name) + "/")
+        async for info in store.list((metadata_root or layout.iceberg_metadata_root(name)) + "/")
         if info.modified <= deleted_s
     ]
     for key in metadata:

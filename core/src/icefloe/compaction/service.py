@@ -202,6 +202,16 @@ class Compactor:
             spec = self._table_spec_of(topic.topic.name, topic.topic.configs)
             store = self.storage.object_store
             await dropping.drop_tables(topic, spec, self.table_formats, store)
+            # Its dead-letter table too, had it ever one (the config may have changed since).
+            name = topic.topic.name
+            await dropping.drop_tables(
+                topic,
+                layout.dead_letter_spec(store, spec, name),
+                self.table_formats,
+                store,
+                root=layout.dead_letter_root(name),
+                metadata_root=layout.dead_letter_metadata_root(name),
+            )
             await self.committer.forget_cleaned(topic.topic.streams)
             await self.topics.forget_deleted(topic)
         if deleted:

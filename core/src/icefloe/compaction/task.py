@@ -19,7 +19,7 @@ import contextlib
 import itertools
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -42,8 +42,9 @@ from icefloe.ports.wal import WAL
 from icefloe.schemas import columns
 from icefloe.schemas.model import SchemaLookup
 from icefloe.storage.batch import BatchHeader, read_header
-from icefloe.storage.parquet import RowBuilder, encode_data_file
-from icefloe.storage.row_schema import OFFSET, TIMESTAMP
+from icefloe.storage.parquet import RowBuilder, encode_data_file, encode_dead_letters
+from icefloe.storage.row_schema import OFFSET, PARTITION, TIMESTAMP
+from icefloe.tables import layout
 
 Pieces = list[tuple[StreamRange, memoryview]]
 
@@ -100,14 +101,30 @@ async def execute(
         for run, start, end in _runs(table, unit, first, last):
             parquet, facts = await asyncio.to_thread(encode_data_file, run, start, end)
             path = outputs[stream_id]
-            if stream_id in typed:
-                facts["dead_letters"] = columns.dead_letters(run, typed[stream_id][1])
             if unit is not None:
                 path = piece_path(path, stream_id, facts["start_offset"], facts["end_offset"])
                 facts["time_bucket"] = unit.bucket(facts["min_timestamp"])
+            if stream_id in typed:
+                facts |= await _dead_letters(run, *typed[stream_id], path, store)
             await store.put(path, parquet)
             written.append(WrittenFile(task.task_id, stream_id, path, len(parquet), **facts))
     return written
+
+
+async def _dead_letters(
+    run: pa.Table, topic: str, sides: Sequence[str], path: str, store: ObjectStore
+) -> dict[str, Any]:
+    """The dead-letter facts of a data file: how many of its records did not decode and, if
+    any did not, the file of their rows for the topic's dead-letter table (written here, named
+    as the data file, under the dead-letter root)."""
+    rows = columns.dead_letter_rows(run, sides)
+    if rows.num_rows == 0:
+        return {"dead_letters": 0}
+    partition = int(rows.column(PARTITION)[0].as_py())
+    key = layout.dead_letter_file(topic, partition, path.rpartition("/")[2])
+    data = await asyncio.to_thread(encode_dead_letters, rows)
+    await store.put(key, data)
+    return {"dead_letters": rows.num_rows, "dead_letter_path": key, "dead_letter_size": len(data)}
 
 
 async def _typed_columns(

@@ -128,6 +128,10 @@ class WrittenFile:
     dead_letters: int = 0
     """Typed columns only: records of the file that did not decode (their typed column is
     null; their error column says why)."""
+    dead_letter_path: str | None = None
+    """Typed columns only: object key of the file holding a copy of those records' rows for
+    the topic's dead-letter table (``None`` when there are none); never an index entry."""
+    dead_letter_size: int = 0
 
 
 def data_file_name(stream_id: int, start_offset: int, end_offset: int) -> str:

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from icefloe.schemas import wire
 from icefloe.schemas.arrow_types import Decoder, SchemaError, TypeConflict, merge
 from icefloe.schemas.model import RegisteredSchema, SchemaLookup, SchemaReference, SchemaType
+from icefloe.storage.row_schema import OFFSET, PARTITION, ROW_SCHEMA, TIMESTAMP
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,24 @@ def fixed_fields(sides: Iterable[str]) -> list[pa.Field]:
             pa.field(error_column(side), pa.string()),
         )
     ]
+
+
+def dead_letter_schema(sides: Iterable[str]) -> pa.Schema:
+    """The rows of a dead-letter table: where the record is, its raw bytes, and per decoded
+    side its schema id and error."""
+    kafka = [ROW_SCHEMA.field(name) for name in (PARTITION, OFFSET, TIMESTAMP, "key", "value")]
+    return pa.schema([*kafka, *fixed_fields(sides)])
+
+
+def dead_letter_rows(table: pa.Table, sides: Sequence[str]) -> pa.Table:
+    """The rows of ``table`` (a data file's, with typed columns) that are dead letters."""
+    dead = None
+    for side in sides:
+        failed = pc.is_valid(table.column(error_column(side)))
+        dead = failed if dead is None else pc.or_(dead, failed)
+    schema = dead_letter_schema(sides)
+    rows = table.select(schema.names)
+    return (rows.filter(dead) if dead is not None else rows.slice(0, 0)).cast(schema)
 
 
 @dataclass(frozen=True, slots=True)

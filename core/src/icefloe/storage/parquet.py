@@ -143,6 +143,20 @@ def encode_data_file(
     return data, facts
 
 
+def encode_dead_letters(table: pa.Table) -> bytes:
+    """A dead-letter table's data file: zstd, statistics on partition and offset, no Arrow
+    metadata (Iceberg and Delta read the Parquet schema)."""
+    sink = io.BytesIO()
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        write_statistics=["partition", "offset"],
+        store_schema=False,
+    )
+    return sink.getvalue()
+
+
 def _leaf_index(metadata: pq.FileMetaData, name: str) -> int:
     """The index of the top-level column ``name`` among the file's leaf columns."""
     for i in range(metadata.num_columns):

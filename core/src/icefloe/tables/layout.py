@@ -24,6 +24,11 @@ from icefloe.table_names import TableName
 
 TABLES: Final = "tables"
 ICEBERG_METADATA: Final = "iceberg-metadata"
+DEAD_LETTERS: Final = "dead-letters"
+DEAD_LETTER_METADATA: Final = "dead-letter-metadata"
+"""Roots of the dead-letter tables of schema-backed topics (data, Iceberg metadata): apart
+from every topic's own folders, whatever the topic names."""
+DEAD_LETTER_SUFFIX: Final = "_dead_letters"
 
 
 def table_root(topic: str) -> str:
@@ -42,6 +47,41 @@ def relative_path(topic: str, key: str) -> str:
     if not key.startswith(prefix):
         raise ValueError(f"{key!r} is not inside the table root {prefix!r}")
     return key[len(prefix) :]
+
+
+def dead_letter_root(topic: str) -> str:
+    """Object-store key prefix of the dead-letter table's data files."""
+    return f"{DEAD_LETTERS}/{topic}"
+
+
+def dead_letter_file(topic: str, partition: int, name: str) -> str:
+    """Object-store key of one dead-letter data file."""
+    return f"{dead_letter_root(topic)}/partition={partition}/{name}"
+
+
+def dead_letter_relative_path(topic: str, key: str) -> str:
+    """A dead-letter file's path relative to its table's root."""
+    prefix = dead_letter_root(topic) + "/"
+    if not key.startswith(prefix):
+        raise ValueError(f"{key!r} is not inside the dead-letter root {prefix!r}")
+    return key[len(prefix) :]
+
+
+def dead_letter_metadata_root(topic: str) -> str:
+    return f"{DEAD_LETTER_METADATA}/{topic}"
+
+
+def dead_letter_spec(store: ObjectStore, spec: TableSpec, topic: str) -> TableSpec:
+    """The dead-letter table of ``topic``, whose table is ``spec``: ``<table>_dead_letters``
+    in the same namespace, partitioned by Kafka partition only."""
+    sides = [side for side in columns.SIDES if columns.error_column(side) in spec.schema.names]
+    return TableSpec(
+        namespace=spec.namespace,
+        name=spec.name + DEAD_LETTER_SUFFIX,
+        location=store.url(dead_letter_root(topic)),
+        schema=columns.dead_letter_schema(sides),
+        metadata_location=store.url(dead_letter_metadata_root(topic)),
+    )
 
 
 def iceberg_metadata_root(topic: str) -> str:
