@@ -1,9 +1,9 @@
-"""A Spark standalone cluster on loopback: one master and two workers,
-started from the workspace's PySpark distribution (its own launch classes and jars, no other
-Spark install) the first time a test asks for it, and stopped when the test process exits.
+"""A Spark standalone cluster on loopback: one master and two workers, started from the
+workspace's PySpark distribution (its own launch classes and jars, no other Spark install) the
+first time a test asks for it, and stopped when the test process exits.
 
-Two workers of two cores hold two applications of two one-core executors each. The workers'
-executors run the workspace's Python (``python`` option of the engine), which has
+Two workers of two cores hold two applications of two one-core executors each (one on each
+worker). The executors run the workspace's Python (the engine's ``python`` option), which has
 Icefloe installed, and reach the test's files at the same paths: the local object store works
 on this one-machine cluster as a shared filesystem would on a real one.
 """
@@ -64,7 +64,6 @@ class SparkCluster:
                 "spark.cores.max": str(WORKERS),
                 "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
                 "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-                # Executors idle between tests hold their cores: nothing else needs them.
                 **conf,
             },
         }
@@ -109,7 +108,8 @@ def _registered(log: Path) -> bool:
 def spark_cluster() -> SparkCluster:
     """The test process's cluster, started on first use (about 10 s)."""
     home = spark_home()
-    java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
+    java_home = os.environ.get("JAVA_HOME")  # Spark's own launcher prefers it to PATH
+    java = shutil.which("java", path=os.path.join(java_home, "bin")) if java_home else None
     java = java or shutil.which("java")
     if java is None:
         raise RuntimeError("the Spark cluster needs Java 17 or later on PATH or in JAVA_HOME")
