@@ -197,3 +197,26 @@ def test_incremental_delete_of_an_unknown_key_is_invalid_config() -> None:
 
 def _entry(entries: list[topic_configs.ConfigEntry], name: str) -> topic_configs.ConfigEntry:
     return next(e for e in entries if e.name == name)
+
+
+@pytest.mark.parametrize(
+    "name", [topic_configs.VALUE_SCHEMA_CONFIG, topic_configs.KEY_SCHEMA_CONFIG]
+)
+def test_registry_mode_without_the_decoders_installed_names_the_install(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packages = (*topic_configs.SCHEMA_PACKAGES, "icefloe_absent.decoder")
+    monkeypatch.setattr(topic_configs, "SCHEMA_PACKAGES", packages)
+    assert topic_configs.validate_value(name, "raw") == "raw"
+    with pytest.raises(TopicError) as refused:
+        topic_configs.validate_value(name, "registry")
+    assert refused.value.error_code == ErrorCode.invalid_config
+    assert "icefloe_absent.decoder" in str(refused.value)
+    assert "pip install 'icefloe[schemas]'" in str(refused.value)
+
+
+def test_registry_mode_is_accepted_where_the_decoders_are_installed() -> None:
+    name = topic_configs.VALUE_SCHEMA_CONFIG
+    assert topic_configs.validate_value(name, " registry ") == "registry"
+    with pytest.raises(TopicError):
+        topic_configs.validate_value(name, "Registry")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -181,6 +182,37 @@ class _OneOf:
         if value not in self.choices:
             raise ValueError(value)
         return value
+
+
+SCHEMA_PACKAGES: Final = ("fastavro", "jsonschema", "google.protobuf", "grpc_tools")
+"""What decoding records into typed columns needs (the ``icefloe[schemas]`` extra)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _SchemaMode:
+    """``raw`` or ``registry``; ``registry`` only where the decoders are installed, since
+    records compacted without them could only become dead letters."""
+
+    type: ConfigType = ConfigType.STRING
+    accepted: str = "one of raw, registry"
+
+    def normalise(self, text: str) -> str:
+        value = _OneOf(("raw", "registry")).normalise(text)
+        missing = [name for name in SCHEMA_PACKAGES if not _installed(name)]
+        if value == "registry" and missing:
+            raise TopicError(
+                ErrorCode.invalid_config,
+                f"registry mode decodes records with {', '.join(missing)}, which are not "
+                "installed: pip install 'icefloe[schemas]'",
+            )
+        return value
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +455,7 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
             ),
             ConfigKey(
                 KEY_SCHEMA_CONFIG,
-                _OneOf(("raw", "registry")),
+                _SchemaMode(),
                 "raw",
                 "raw: the topic's tables hold record keys as bytes only; registry: keys in the "
                 "Confluent wire format (a schema id, then Avro, JSON or Protobuf) are also "
@@ -432,7 +464,7 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
             ),
             ConfigKey(
                 VALUE_SCHEMA_CONFIG,
-                _OneOf(("raw", "registry")),
+                _SchemaMode(),
                 "raw",
                 "raw: the topic's tables hold record values as bytes only; registry: values in "
                 "the Confluent wire format (a schema id, then Avro, JSON or Protobuf) are also "
