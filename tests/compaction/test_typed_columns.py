@@ -23,7 +23,7 @@ from icefloe import metrics
 from icefloe.cli import cli
 from icefloe.errors import NotFoundError
 from icefloe.schemas.model import SchemaType
-from icefloe.schemas.store import SchemaStore
+from icefloe.schemas.registry import Registry
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
 from icefloe.tables import layout
@@ -92,11 +92,14 @@ def encoded(schema_id: int, schema: dict[str, Any], value: dict[str, Any]) -> by
     return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
 
 
-async def register(storage: StreamStorage, schema: dict[str, Any] | str) -> int:
-    text = json.dumps(schema)
-    return await SchemaStore(storage.metadata).claim(
-        f"test-{hash(text)}", SchemaType.AVRO, text, ()
+async def register(
+    storage: StreamStorage, schema: dict[str, Any] | str, subject: str = "orders-value"
+) -> int:
+    """Registers ``schema`` as a version of ``subject``, as a serializer would."""
+    schema_id, _ = await Registry(storage.metadata).register(
+        subject, SchemaType.AVRO, json.dumps(schema)
     )
+    return schema_id
 
 
 async def values(storage: StreamStorage, topic: Topic) -> list[bytes | None]:
@@ -239,8 +242,9 @@ async def test_keys_too_and_files_of_two_versions_merge_into_one(parts: Parts) -
     configs = {VALUE_SCHEMA_CONFIG: "registry", KEY_SCHEMA_CONFIG: "registry"}
     topic = await topics.create("keyed", 1, {**configs, REWRITE_MIN_FILES_CONFIG: "2"})
     stream = topic.streams[0]
-    key_id = await register(storage, "string")
-    v1, v2 = await register(storage, V1), await register(storage, V2)
+    key_id = await register(storage, "string", "keyed-key")
+    v1 = await register(storage, V1, "keyed-value")
+    v2 = await register(storage, V2, "keyed-value")
 
     def key(i: int) -> bytes:
         return b"\x00" + key_id.to_bytes(4, "big") + bytes([2 * len(f"k{i}")]) + f"k{i}".encode()

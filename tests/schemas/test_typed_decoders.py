@@ -253,6 +253,7 @@ def test_each_kind_of_bad_record_has_its_reason() -> None:
             **resolved((1, SchemaType.AVRO, text), (2, SchemaType.JSON, json_schema)),
             3: columns.Resolved(None, error="schema 3: references s version 1, which is unknown"),
         },
+        {"value": [1, 2, 3]},
     )
     errors = table.column("value_error").to_pylist()
     assert errors[0] is None
@@ -277,6 +278,7 @@ def test_records_of_schemas_that_conflict_are_dead_letters() -> None:
         rows_of(values),
         ["value"],
         resolved((1, SchemaType.AVRO, json.dumps(first)), (2, SchemaType.AVRO, json.dumps(second))),
+        {"value": [1, 2]},
     )
     assert table.column("value_fields").to_pylist() == [{"a": 1}, None]
     assert "does not fit the column" in table.column("value_error")[1].as_py()
@@ -374,7 +376,9 @@ async def test_references_are_resolved_through_the_lookup() -> None:
 
     found = await columns.resolve({8, 99}, Lookup())
     assert found[99].error == "unknown schema id 99"
-    table, dead = columns.add_columns(rows_of([header(8) + b"\x06abc"]), ["value"], found)
+    table, dead = columns.add_columns(
+        rows_of([header(8) + b"\x06abc"]), ["value"], found, {"value": [8]}
+    )
     assert table.column("value_fields").to_pylist() == [{"to": {"city": "abc"}}]
     assert dead == 0
 
@@ -501,3 +505,37 @@ def test_message_indexes_of_any_bytes_parse_or_are_wire_errors(data: bytes) -> N
         return
     assert all(i >= 0 for i in indexes)
     assert 0 < start <= len(data)
+
+
+def test_schemas_outside_the_subject_decode_only_within_its_columns() -> None:
+    # Another subject naming strategy: schemas 2 and 3 are no versions of the topic's subject.
+    # Letting them widen the column would give this file types another file may contradict.
+    subject_version = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}
+    within = {"type": "record", "name": "S", "fields": [{"name": "a", "type": "long"}]}
+    wider = {
+        "type": "record",
+        "name": "T",
+        "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "string"}],
+    }
+    known = resolved(
+        (1, SchemaType.AVRO, json.dumps(subject_version)),
+        (2, SchemaType.AVRO, json.dumps(within)),
+        (3, SchemaType.AVRO, json.dumps(wider)),
+    )
+    values = [header(1) + b"\x02", header(2) + b"\x04", header(3) + b"\x06\x02x"]
+    table, dead = columns.add_columns(rows_of(values), ["value"], known, {"value": [1]})
+    assert table.column("value_fields").to_pylist() == [{"a": 1}, {"a": 2}, None]
+    assert "register the schema under that subject" in table.column("value_error")[2].as_py()
+    assert dead == 1
+    # A subject with no versions gives no columns: every record is a dead letter.
+    table, dead = columns.add_columns(rows_of(values), ["value"], known, {"value": []})
+    assert "value_fields" not in table.column_names
+    assert dead == 3
+
+
+@pytest.mark.parametrize("head", [b"\x00\x80\x00\x00\x00", b"\x00\xff\xff\xff\xff"])
+def test_a_header_naming_a_negative_schema_id_is_a_dead_letter(head: bytes) -> None:
+    table, dead = columns.add_columns(rows_of([head + b"x"]), ["value"], {}, {"value": []})
+    assert table.column("value_schema_id").to_pylist() == [None]
+    assert "negative" in table.column("value_error")[0].as_py()
+    assert dead == 1

@@ -7,11 +7,12 @@ byte for byte as they are (Kafka catch-up reads are rebuilt from them):
 - ``<side>_error`` (string): why the record did not decode (its dead-letter reason), or null;
 - ``<side>_fields`` (struct): the decoded value, null for a dead letter. Its type is the merge
   (:func:`.arrow_types.merge`) of the types of the versions of the topic's subject
-  (``<topic>-<side>``, Confluent's default subject name), in version order, then of any other
-  schema the file's records use, in id order; a schema whose type conflicts with those before
-  it gets no column (its records are dead letters). Versions are only ever added to a
-  subject, so every task of every partition derives the same types, and the tables' columns
-  never meet a file whose types conflict with theirs.
+  (``<topic>-<side>``, Confluent's default subject name), in version order; a version whose
+  type conflicts with those before it gets no column (its records are dead letters). Records
+  of a schema that is no version of the subject (another subject naming strategy) decode
+  only where their type lies within that merge, and are dead letters otherwise. Versions are
+  only ever added to a subject, so every task of every partition derives the same types, and
+  the tables' columns never meet a file whose types conflict with theirs.
 
 Resolving schemas is asynchronous (:func:`resolve`, once per distinct id); decoding is CPU
 work (:func:`add_columns`, on a worker thread) done a slice of rows at a time, so the Python
@@ -274,9 +275,14 @@ def _add_side(
     ids = [_id_of(head) for head in pc.binary_slice(column, 0, wire.HEADER_BYTES).to_pylist()]
     used = {i for i in ids if i is not None}
     decoders, unusable = _decoders(used | set(versions), resolved)
-    order = [i for i in versions if i in decoders]
-    order += sorted(i for i in decoders if i not in order)
-    merged = _merged(decoders, unusable, order)
+    merged = _merged(decoders, unusable, [i for i in versions if i in decoders])
+    for schema_id in sorted(set(decoders) - set(versions)):
+        # Only the subject's versions shape the column: another schema widening it here
+        # would give this file types that another file's schemas may contradict.
+        reason = _outsider(schema_id, decoders[schema_id].arrow_type, merged, side)
+        if reason is not None:
+            unusable[schema_id] = reason
+            del decoders[schema_id]
     for schema_id in set(versions) - used:  # only there for their types
         decoders.pop(schema_id, None)
         unusable.pop(schema_id, None)
@@ -356,6 +362,23 @@ def _merged(
     for schema_id in unusable:
         decoders.pop(schema_id, None)
     return merged if merged is None or pa.types.is_struct(merged) else None
+
+
+def _outsider(
+    schema_id: int, own: pa.DataType, merged: pa.DataType | None, side: str
+) -> str | None:
+    """Why records of a schema that is no version of the topic's subject cannot fill the
+    column (``None``: its type lies within the column's)."""
+    try:
+        fits = merged is not None and merge(merged, own) == merged
+    except TypeConflict:
+        fits = False
+    if fits:
+        return None
+    return (
+        f"schema {schema_id} is no version of the topic's {side} subject (<topic>-{side}) and "
+        "does not fit the columns its versions give: register the schema under that subject"
+    )
 
 
 def _decode(

@@ -25,7 +25,8 @@ def schema_id(data: bytes | memoryview | None) -> int:
     """The schema id in ``data``'s header.
 
     Raises:
-        WireError: ``data`` is null, too short, or does not start with the magic byte.
+        WireError: ``data`` is null, too short, does not start with the magic byte, or names
+            a negative schema id.
     """
     if data is None:
         raise WireError("no bytes (null)")
@@ -33,7 +34,10 @@ def schema_id(data: bytes | memoryview | None) -> int:
         raise WireError(f"{len(data)} bytes: too short for the wire format's 5-byte header")
     if data[0] != MAGIC:
         raise WireError(f"no magic byte: the first byte is {data[0]}, not 0")
-    return int.from_bytes(data[1:HEADER_BYTES], "big")
+    found = int.from_bytes(data[1:HEADER_BYTES], "big", signed=True)  # a Java int
+    if found < 0:
+        raise WireError(f"schema id {found} is negative")
+    return found
 
 
 def payload(data: bytes) -> bytes:
