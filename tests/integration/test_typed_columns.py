@@ -1,7 +1,7 @@
 """Schema-backed topics end to end: confluent-kafka's Avro, JSON Schema and Protobuf serializers
 produce through `icefloe serve` with its own schema registry; compaction decodes the records into
-typed columns of both tables, which DuckDB, pyiceberg and delta-rs query, nested fields
-included; Avro v1 → v2 evolves both tables; bad records of each kind are dead letters; Kafka
+typed columns of both tables, which DuckDB, pyiceberg, delta-rs and Spark query, nested
+fields included; Avro v1 → v2 evolves both tables; bad records of each kind are dead letters; Kafka
 consumers read the same bytes before and after compaction.
 
 One data folder is shared by the module: produced with compaction off, then served again with
@@ -10,6 +10,7 @@ compaction on (as tests/integration/test_compaction_clients.py does).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import decimal
 import importlib
@@ -33,7 +34,9 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.integration.test_compaction_clients import compacted, tables
+from tests.integration.test_spark_reads_tables import store_settings
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.spark_readers import SparkReader
 from tests.support.table_readers import duckdb_connection
 
 pytestmark = pytest.mark.slow
@@ -333,6 +336,48 @@ def test_avro_records_are_typed_nested_columns_across_a_schema_change(produced: 
         assert fields[0]["channel"] is None
         assert fields[29]["channel"] == "web26"
         assert fields[20:23] == [None] * 3
+
+
+def test_spark_reads_the_typed_nested_columns_of_both_tables(produced: Produced) -> None:
+    spark = SparkReader()
+    try:
+        data = produced.running.data_dir
+        _, iceberg_properties, warehouse = asyncio.run(store_settings("local", {}, data))
+        expressions = [
+            "offset",
+            "value_fields.id AS id",
+            "value_fields.customer.name AS name",
+            "value_fields.lines[0].sku AS sku",
+            "value_fields.total AS total",
+            "value_fields.channel AS channel",
+            "value_error IS NOT NULL AS dead",
+        ]
+        read = {
+            "iceberg": spark.iceberg_selected(
+                produced.tables[("avro-orders", "iceberg")]["identifier"],
+                data / "iceberg-catalog.db",
+                warehouse,
+                iceberg_properties,
+                expressions,
+            ),
+            "delta": spark.delta_selected(
+                produced.tables[("avro-orders", "delta")]["location"], expressions
+            ),
+        }
+    finally:
+        spark.close()
+    for table_format, rows in read.items():
+        assert len(rows) == 33, table_format
+        assert [r["dead"] for r in rows[20:23]] == [True] * 3, table_format
+        for i, row in enumerate(rows[:20] + rows[23:]):
+            assert (row["id"], row["name"], row["sku"], row["total"], row["channel"]) == (
+                i,
+                f"c{i}",
+                f"s{i}",
+                decimal.Decimal(f"{i}.50"),
+                f"web{i}" if i >= 20 else None,  # v1 rows read v2's field as null
+            ), (table_format, row)
+            assert not row["dead"]
 
 
 def test_json_schema_and_protobuf_records_are_typed_columns(produced: Produced) -> None:

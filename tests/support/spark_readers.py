@@ -182,6 +182,23 @@ class SparkReader:
         """The Delta table at ``location``."""
         return self._run(_delta_rows, location, delta_options(engine_options))
 
+    def iceberg_selected(
+        self,
+        identifier: str,
+        catalog_file: Path,
+        warehouse: str,
+        iceberg_properties: Mapping[str, str],
+        expressions: list[str],
+    ) -> list[dict[str, Any]]:
+        """Spark SQL ``expressions`` over the Iceberg table ``identifier``, by offset."""
+        conf = iceberg_catalog_conf(catalog_file, warehouse, iceberg_properties, CATALOG_NAME)
+        quoted = ".".join(f"`{part}`" for part in (CATALOG_NAME, *identifier.split(".")))
+        return self._run(_iceberg_selected, conf, quoted, expressions)
+
+    def delta_selected(self, location: str, expressions: list[str]) -> list[dict[str, Any]]:
+        """Spark SQL ``expressions`` over the Delta table at ``location`` (local), by offset."""
+        return self._run(_delta_selected, location, expressions)
+
     def close(self) -> None:
         """Stop Spark and its process."""
         try:
@@ -190,10 +207,9 @@ class SparkReader:
         finally:
             self._pool.shutdown(cancel_futures=True)
 
-    def _run(self, function: Any, *args: Any) -> list[Row]:
+    def _run(self, function: Any, *args: Any) -> Any:
         self._started.result(READ_TIMEOUT_S)  # raises the start's error, if any
-        rows: list[Row] = self._pool.submit(function, *args).result(READ_TIMEOUT_S)
-        return rows
+        return self._pool.submit(function, *args).result(READ_TIMEOUT_S)
 
 
 # --- in the Spark process ---------------------------------------------------------------
@@ -229,6 +245,23 @@ def _delta_rows(location: str, options: dict[str, str]) -> list[Row]:
     with _reading(f"Spark reading Delta table {location}"):
         reader = _session.newSession().read.format("delta").options(**options)
         return _selected(reader.load(location))
+
+
+def _iceberg_selected(
+    conf: dict[str, str], table: str, expressions: list[str]
+) -> list[dict[str, Any]]:
+    with _reading(f"Spark reading Iceberg table {table}"):
+        session = _session.newSession()
+        for key, value in conf.items():
+            session.conf.set(key, value)
+        frame = session.table(table).orderBy("offset").selectExpr(*expressions)
+        return list(frame.toArrow().to_pylist())
+
+
+def _delta_selected(location: str, expressions: list[str]) -> list[dict[str, Any]]:
+    with _reading(f"Spark reading Delta table {location}"):
+        frame = _session.newSession().read.format("delta").load(location)
+        return list(frame.orderBy("offset").selectExpr(*expressions).toArrow().to_pylist())
 
 
 def _selected(frame: Any) -> list[Row]:
