@@ -16,7 +16,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from icefloe.compaction.service import Compactor
 from icefloe.compaction.task import WorkerResult
 from icefloe.config import Config, load_config
 from icefloe.errors import CorruptDataError, UnavailableError
-from icefloe.ports.base import OpenContext, PortKind
+from icefloe.ports.base import PortKind
 from icefloe.ports.compaction import CompactionEngine, CompactionTask, WrittenFile
 from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
@@ -44,19 +44,6 @@ from icefloe.topics.registry import TopicRegistry
 from tests.compaction.test_compaction import comparable, read_all, records
 
 VALUE_1K = b"v" * 1024
-
-
-@pytest.fixture(scope="module")
-def shared_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCompactionEngine]:
-    """An engine that starts Spark for the whole module and stops it at the end."""
-    context = OpenContext(data_dir=tmp_path_factory.mktemp("spark"), config=load_config(env={}))
-    options = SparkCompactionOptions.model_validate(QUICK_LOCAL_OPTIONS)
-    engine = asyncio.run(SparkCompactionEngine.open(options, context))
-    asyncio.run(engine.start())
-    try:
-        yield engine
-    finally:
-        asyncio.run(engine.close())
 
 
 def spark_config(data_dir: Path) -> Config:

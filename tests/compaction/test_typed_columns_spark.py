@@ -4,20 +4,13 @@ the in-process engine; Kafka reads stay byte-identical."""
 
 from __future__ import annotations
 
-import asyncio
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 from icefloe_compaction_spark.engine import SparkCompactionEngine
-from icefloe_compaction_spark.options import SparkCompactionOptions
-from icefloe_compaction_spark.testing import QUICK_LOCAL_OPTIONS
 
 from icefloe.compaction.service import Compactor
-from icefloe.config import load_config
-from icefloe.ports.base import OpenContext
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
@@ -25,19 +18,6 @@ from icefloe.topics.configs import VALUE_SCHEMA_CONFIG
 from icefloe.topics.registry import TopicRegistry
 from tests.compaction.test_spark_engine import spark_config
 from tests.compaction.test_typed_columns import V1, encoded, order, register, values
-
-
-@pytest.fixture(scope="module")
-def shared_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCompactionEngine]:
-    """Spark for the module; the compactor's engine borrows its context."""
-    context = OpenContext(data_dir=tmp_path_factory.mktemp("spark"), config=load_config(env={}))
-    options = SparkCompactionOptions.model_validate(QUICK_LOCAL_OPTIONS)
-    engine = asyncio.run(SparkCompactionEngine.open(options, context))
-    asyncio.run(engine.start())
-    try:
-        yield engine
-    finally:
-        asyncio.run(engine.close())
 
 
 async def test_spark_executors_decode_typed_columns(
