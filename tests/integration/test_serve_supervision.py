@@ -175,3 +175,27 @@ def test_a_broker_that_keeps_crashing_makes_serve_give_up(tmp_path: Path) -> Non
     log = running.log_path.read_text()
     assert "crashed 5 times in a row" in log
     assert len(killed) == 5
+
+
+def test_port_zero_gives_every_broker_a_free_port_of_its_own(tmp_path: Path) -> None:
+    process = serve(tmp_path, "--brokers", "2", "--port", "0", "--data-dir", "d")
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + START_LIMIT_S
+        line = ""
+        while not line.startswith("Icefloe is serving Kafka at ") and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            assert line or process.poll() is None, "serve exited before it served"
+        assert line.startswith("Icefloe is serving Kafka at "), "serve did not start"
+        named = line.split("on ports ")[1].split(";")[0]
+        ports = [int(p) for p in named.split(", ")]
+        # Each broker bound a port of its own (not port 1, base 0 + 1), and says which.
+        assert len(set(ports)) == 2
+        assert all(p >= 1024 for p in ports)
+        assert f"at 127.0.0.1:{ports[0]} " in line
+        for port in ports:
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=START_LIMIT_S)

@@ -168,7 +168,7 @@ def _root_os_error(exc: BaseException) -> OSError | None:
 def serve(config: Config, brokers: int) -> int:
     """Run ``brokers`` broker processes until a signal; returns the exit status."""
     base = config.broker.port
-    children = [_start(config, i, base + i) for i in range(brokers)]
+    children = [_start(config, i, base + i if base else 0) for i in range(brokers)]
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
@@ -182,10 +182,12 @@ def serve(config: Config, brokers: int) -> int:
         _stop_all(children)
         return 0
     host = started[0][1]
-    ports = sorted(p for _, _, p, *_ in started)
+    ports = [p for _, _, p, *_ in started]
+    # With --port 0 each broker takes any free port: name them, not a range.
+    on = f"{ports[0]}-{ports[-1]}" if base else ", ".join(map(str, ports))
     print(
-        f"Icefloe is serving Kafka at {host}:{base} "
-        f"({brokers} broker{'s' if brokers > 1 else ''} on ports {ports[0]}-{ports[-1]}; "
+        f"Icefloe is serving Kafka at {host}:{ports[0]} "
+        f"({brokers} broker{'s' if brokers > 1 else ''} on ports {on}; "
         f"data in {config.data_dir})",
         flush=True,
     )
@@ -248,6 +250,7 @@ def _await_start(children: list[_Child], stopping: Callable[[], bool]) -> list[A
                 child.process.join(STOP_TIMEOUT_S)  # it exits by itself once it has reported
                 raise StartFailed(f"the broker for port {child.port} cannot start: {detail}")
             started[child.index] = detail
+            child.port = detail[2]  # a broker given port 0 restarts on the port it took
         if time.monotonic() > deadline:
             late = [c.port for c in children if c.index not in started]
             raise StartFailed(
