@@ -25,25 +25,28 @@ from icefloe.ports.compaction import CompactionEngine, CompactionTask, WrittenFi
 class LocalCompactionOptions(BackendOptions):
     workers: int = Field(default=1, ge=1, le=64)
     """Worker processes; tasks beyond this many wait."""
+    nice: int = Field(default=10, ge=0, le=19)
+    """How much lower the workers' CPU priority is than the broker's (Unix niceness added).
+    Compaction can wait; the clients the broker serves on the same cores should not."""
 
 
 class LocalCompactionEngine(CompactionEngine):
     options_model = LocalCompactionOptions
 
-    def __init__(self, config: Any, workers: int) -> None:
+    def __init__(self, config: Any, workers: int, nice: int = 0) -> None:
         self._config = config
         self._pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=_exit_with_parent,
-            initargs=(os.getpid(),),
+            initializer=_start_worker,
+            initargs=(os.getpid(), nice),
         )
 
     @classmethod
     async def open(cls, options: LocalCompactionOptions, context: OpenContext) -> Self:
         if context.config is None:
             raise ConfigError("the local compaction engine needs the configuration to run tasks")
-        return cls(context.config, options.workers)
+        return cls(context.config, options.workers, options.nice)
 
     def tasks_finished(self) -> int:
         return self._completed
@@ -68,6 +71,12 @@ class LocalCompactionEngine(CompactionEngine):
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True, cancel_futures=True)
+
+
+def _start_worker(parent: int, nice: int) -> None:
+    if nice:
+        os.nice(nice)
+    _exit_with_parent(parent)
 
 
 def _exit_with_parent(parent: int) -> None:
