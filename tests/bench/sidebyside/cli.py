@@ -65,6 +65,8 @@ class Settings:
     parquet: bool
     kafka_heap: str
     kafka_lib: str
+    icefloe_env: dict[str, str]
+    """Settings for `icefloe serve` (``ICEFLOE_…`` variables), to compare configurations."""
 
     def plan(self) -> list[tuple[str, str | None]]:
         """(system, Icefloe profile) in the order one round runs them."""
@@ -117,6 +119,13 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         default=str(DEFAULT_LIB),
         help="where Kafka's jars are cached (fetched with Maven on first use)",
     )
+    parser.add_argument(
+        "--icefloe-env",
+        action="append",
+        default=[],
+        metavar="ICEFLOE_KEY=VALUE",
+        help="a setting for `icefloe serve`, as an environment variable (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="raw results (default: .benchmarks/…)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument(
@@ -132,6 +141,12 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
     for system in systems:
         if system not in ("kafka", "icefloe"):
             parser.error(f"unknown system {system!r} (kafka or icefloe)")
+    icefloe_env = {}
+    for item in args.icefloe_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("ICEFLOE_"):
+            parser.error(f"--icefloe-env {item!r}: expected ICEFLOE_KEY=VALUE")
+        icefloe_env[key] = value
     settings = Settings(
         rounds=args.rounds or int(sizes["rounds"]),
         profiles=profiles,
@@ -145,6 +160,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         parquet=not args.no_parquet,
         kafka_heap=args.kafka_heap,
         kafka_lib=args.kafka_lib,
+        icefloe_env=icefloe_env,
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     json_path = args.json or ROOT / ".benchmarks" / f"sidebyside-{stamp}.json"
@@ -231,7 +247,7 @@ def icefloe_round(
 ) -> None:
     """The common workloads; then, on a restart that compacts at once, a read from Parquet."""
     data = workdir / "data"
-    server = icefloe_server.start(data, profile, settings.brokers)
+    server = icefloe_server.start(data, profile, settings.brokers, settings.icefloe_env)
     try:
         create_topic(server.running, TOPIC, settings.partitions)
         producers_and_consumer(settings, java, server, result)
@@ -240,7 +256,9 @@ def icefloe_round(
     if not settings.parquet or "records_in_topic" not in result:
         return
     total = result["records_in_topic"]
-    server = icefloe_server.start(data, profile, settings.brokers, compact_at_once=True)
+    server = icefloe_server.start(
+        data, profile, settings.brokers, settings.icefloe_env, compact_at_once=True
+    )
     try:
         wait = 300 + total / 1_000
         compacted = step(

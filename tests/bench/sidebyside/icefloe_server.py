@@ -49,10 +49,15 @@ class IcefloeServer:
 
 
 def start(
-    data_dir: Path, profile: str, brokers: int, compact_at_once: bool = False
+    data_dir: Path,
+    profile: str,
+    brokers: int,
+    settings: dict[str, str] | None = None,
+    compact_at_once: bool = False,
 ) -> IcefloeServer:
-    """Start (or restart, on an existing ``data_dir``) `icefloe serve` with ``profile``."""
-    env = {"ICEFLOE_STORAGE__PROFILE": profile}
+    """Start (or restart, on an existing ``data_dir``) `icefloe serve` with ``profile`` and
+    ``settings`` (``ICEFLOE_…`` environment variables)."""
+    env = {"ICEFLOE_STORAGE__PROFILE": profile} | (settings or {})
     if compact_at_once:
         env |= COMPACT_AT_ONCE
     return IcefloeServer(start_icefloe(data_dir, brokers=brokers, env=env, timeout=120))

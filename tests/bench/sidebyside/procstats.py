@@ -49,6 +49,18 @@ def cpu_seconds(pid: int) -> float:
     return (utime + stime + cutime + cstime) / CLOCK_TICKS
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """user + system time of the process itself (all its threads), without any child (0 if
+    gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = (int(x) for x in fields[11:13])
+    return (utime + stime) / CLOCK_TICKS
+
+
 def peak_rss_mib(pid: int) -> float:
     """VmHWM, the process's peak resident set since it started, in MiB (0 if gone)."""
     try:
@@ -64,6 +76,12 @@ def peak_rss_mib(pid: int) -> float:
 def server_cpu_seconds(roots: Iterable[int]) -> float:
     """CPU seconds the server's processes have used so far (subtract two readings)."""
     return sum(cpu_seconds(pid) for pid in process_tree(roots))
+
+
+def broker_cpu_seconds(roots: Iterable[int]) -> float:
+    """CPU seconds the root processes alone have used so far: what serves the clients, without
+    Icefloe's compaction workers (for Kafka, the same as :func:`server_cpu_seconds`)."""
+    return sum(own_cpu_seconds(pid) for pid in roots)
 
 
 def server_peak_rss_mib(roots: Iterable[int]) -> float:

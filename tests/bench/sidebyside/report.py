@@ -27,19 +27,23 @@ def rows(rate: int) -> list[Row]:
         Row("Java producer, p50 latency ms", "java_producer", "p50_ms", 0),
         Row("Java producer, p99 latency ms", "java_producer", "p99_ms", 0),
         Row("Java producer, server CPU s", "java_producer", "server_cpu_s"),
+        Row("Java producer, broker CPU s", "java_producer", "broker_cpu_s"),
         Row(f"{throttled}, p50 latency ms", "java_throttled", "p50_ms", 0),
         Row(f"{throttled}, p99 latency ms", "java_throttled", "p99_ms", 0),
         Row(f"{throttled}, server CPU s", "java_throttled", "server_cpu_s"),
         Row("confluent-kafka producer, MB/s", "confluent_producer", "mb_s"),
         Row("confluent-kafka producer, server CPU s", "confluent_producer", "server_cpu_s"),
+        Row("confluent-kafka producer, broker CPU s", "confluent_producer", "broker_cpu_s"),
         Row("Java consumer from the start, MB/s", "java_consumer", "fetch_mb_s"),
         Row("Java consumer, group join ms", "java_consumer", "rebalance_ms", 0),
         Row("Java consumer, server CPU s", "java_consumer", "server_cpu_s"),
+        Row("Java consumer, broker CPU s", "java_consumer", "broker_cpu_s"),
         Row("server peak RSS, MiB", "server", "peak_rss_mib", 0),
         Row("compaction of the log into Parquet, s", "compaction", "seconds"),
         Row("compaction, server CPU s", "compaction", "server_cpu_s"),
         Row("Java consumer from Parquet, MB/s", "parquet_consumer", "fetch_mb_s"),
         Row("Java consumer from Parquet, server CPU s", "parquet_consumer", "server_cpu_s"),
+        Row("Java consumer from Parquet, broker CPU s", "parquet_consumer", "broker_cpu_s"),
     ]
 
 

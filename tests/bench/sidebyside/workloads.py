@@ -19,7 +19,11 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from tests.bench.sidebyside.kafka import Java
-from tests.bench.sidebyside.procstats import server_cpu_seconds, server_peak_rss_mib
+from tests.bench.sidebyside.procstats import (
+    broker_cpu_seconds,
+    server_cpu_seconds,
+    server_peak_rss_mib,
+)
 from tests.support.servers import ROOT
 
 TOOL_HEAP = "512M"
@@ -52,10 +56,12 @@ def measured(server: Server, run: Callable[[], Measures]) -> Measures:
     """``run()``'s measures plus the wall time, server CPU seconds and peak RSS (MiB)."""
     roots = server.pids()
     cpu_before = server_cpu_seconds(roots)
+    broker_cpu_before = broker_cpu_seconds(roots)
     started = time.monotonic()
     result = run()
     result["wall_s"] = time.monotonic() - started
     result["server_cpu_s"] = server_cpu_seconds(roots) - cpu_before
+    result["broker_cpu_s"] = broker_cpu_seconds(roots) - broker_cpu_before
     result["server_peak_rss_mib"] = server_peak_rss_mib(roots)
     return result
 
