@@ -122,3 +122,25 @@ async def test_a_wal_object_replaced_by_compaction_is_not_lost(
     storage.index.remember(wal_entry, 0)  # a stale cache, as before a notification arrives
 
     assert comparable(await read_all(storage, stream)) == comparable(before)
+
+
+async def test_wal_objects_replaced_by_compaction_in_the_middle_of_a_read_are_not_lost(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    # The chunks of several stale entries are read at once; the first one found gone sends
+    # the read to the Parquet entry that replaced them all, and the other reads are dropped.
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    for tag in ("a", "b", "c", "d"):
+        await storage.append(stream, records(10, tag))
+    before = await read_all(storage, stream)
+    wal_entries = await storage.index.scan(stream)
+    await compactor.until_idle()
+    for entry in wal_entries[1:]:
+        object_file(config, entry).unlink()
+        storage.index.remember(entry, 0)
+
+    result = await storage.read(stream, 10, max_bytes=1 << 20)
+
+    assert result.next_offset == 40
+    assert comparable(await read_all(storage, stream)) == comparable(before)

@@ -184,6 +184,79 @@ async def test_recent_wal_objects_are_served_from_memory(
     assert other_store.stats.requests["GET"] == other_gets + 1
 
 
+async def test_a_read_across_entries_reads_their_wal_objects_at_once(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    # Each entry's chunk is in another object: on a remote store, reading them one after
+    # another would cost a round trip each.
+    stream = await other_storage.create_stream("s")
+    for i in range(6):
+        await other_storage.append(stream, records(4, tag=f"p{i}"))
+    store = storage.wal._store  # type: ignore[attr-defined]
+    get = store.get
+    in_flight = most = 0
+
+    async def slow_get(key: str, start: int = 0, end: int | None = None) -> bytes:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            return await get(key, start, end)
+        finally:
+            in_flight -= 1
+
+    store.get = slow_get
+    result = await storage.read(stream, 0, max_bytes=1 << 20)
+
+    assert most == 6
+    assert result.next_offset == 24
+    assert not result.truncated
+    read = await storage.read_records(stream, 0)
+    assert [r.offset for r in read] == list(range(24))
+    assert comparable(read) == [c for i in range(6) for c in comparable(records(4, tag=f"p{i}"))]
+
+
+async def test_streams_read_together_share_one_read_of_their_wal_object(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    # Four streams' chunks flushed in one WAL object: four readers at once (the partitions of
+    # one fetch) cost one ranged read of the object, not four.
+    streams = [await other_storage.create_stream(f"s{i}") for i in range(4)]
+    await asyncio.gather(
+        *[
+            await other_storage.submit_batches(s, build_batch(records(3, tag=f"t{i}")))
+            for i, s in enumerate(streams)
+        ]
+    )
+    entries = [e for s in streams for e in await storage.index.scan(s)]
+    assert len({e.location.ref for e in entries}) == 1  # type: ignore[union-attr]
+    for s in streams:  # the index entries, as a broker holds them once it has read a stream
+        await storage.read(s, 0)
+    store = storage.wal._store  # type: ignore[attr-defined]
+    gets = store.stats.requests["GET"]
+
+    read = await asyncio.gather(*(storage.read_records(s, 0) for s in streams))
+
+    assert store.stats.requests["GET"] == gets + 1
+    assert [comparable(r) for r in read] == [comparable(records(3, tag=f"t{i}")) for i in range(4)]
+
+
+async def test_a_read_stops_at_its_limit_even_when_entries_are_read_at_once(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    for i in range(6):
+        await storage.append(stream, records(4, tag=f"p{i}"))
+    one_entry = len((await storage.read(stream, 0, max_bytes=1)).data)
+
+    result = await storage.read(stream, 4, max_bytes=2 * one_entry)
+
+    assert result.next_offset == 12
+    assert result.truncated
+    assert len(result.data) == 2 * one_entry
+
+
 async def test_index_entries_are_read_page_by_page_in_order(
     storage: StreamStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:

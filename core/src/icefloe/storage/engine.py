@@ -127,6 +127,7 @@ class StreamStorage:
     async def close(self) -> None:
         """Commit what is buffered, stop background work, close the ports this opened."""
         await self._writer.close()
+        await self._reader.close()
         await self.producers.close()
         await self.transactions.close()
         await self.index.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pyarrow as pa
@@ -16,6 +16,7 @@ from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
 from icefloe.storage import batch as batches
 from icefloe.storage import records
+from icefloe.storage.coalesce import CoalescedReads
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.parquet_reader import ParquetRangeReader
@@ -36,6 +37,69 @@ class OffsetOutOfRange(IcefloeError):
         self.offset = offset
         self.log_start = log_start
         self.log_end = log_end
+
+
+@dataclass(eq=False, slots=True)
+class _Chunk:
+    """A WAL entry's batches being read: a ranged read of its object."""
+
+    entry: IndexEntry
+    first_offset: int
+    """Where the read asked this entry for records (the first batch may start earlier)."""
+    base_offset: int
+    """The first batch's offset, patched into the bytes read."""
+    next_offset: int
+    """The offset after the last record read."""
+    length: int
+    whole_entry: bool
+    """The batches reach the entry's end (no limit cut them)."""
+    data: asyncio.Future[bytes | memoryview]
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    """The entries one look-ahead found: WAL chunks being read, then what stopped it."""
+
+    chunks: list[_Chunk] = field(default_factory=list)
+    lookups: int = 0
+    parquet: IndexEntry | None = None
+    """A Parquet entry came next: the caller reads it."""
+    log_ends: bool = False
+    """No entry holds the next offset; ``next_entry`` is the first after it, if any."""
+    next_entry: IndexEntry | None = None
+    limited: bool = False
+    """A byte limit stopped the run: more records may follow."""
+
+
+async def _land(chunks: list[_Chunk], out: bytearray) -> _Chunk | None:
+    """Append the chunks' bytes to ``out`` in order, base offsets patched. A chunk whose
+    object is gone stops it: that chunk is returned, and the reads after it are cancelled."""
+    try:
+        for i, chunk in enumerate(chunks):
+            try:
+                data = await chunk.data
+            except NotFoundError:
+                _cancel(chunks[i + 1 :])
+                return chunk
+            mark = len(out)
+            out += data  # the one copy, into the response
+            del data
+            batches.patch_base_offsets_into(out, mark, len(out), chunk.base_offset)
+        return None
+    except BaseException:
+        _cancel(chunks)
+        raise
+
+
+def _cancel(chunks: list[_Chunk]) -> None:
+    """Stop reads no one will wait for, and retrieve the errors of those already failed (so
+    that none is reported as never retrieved)."""
+    for chunk in chunks:
+        if chunk.data.done():
+            if not chunk.data.cancelled():
+                chunk.data.exception()
+        else:
+            chunk.data.cancel()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +126,26 @@ class StreamReader:
         rebuilt_cache_bytes: int,
     ) -> None:
         self._wal = wal
+        self._reads = CoalescedReads(wal)
         self._index = index
         self._recent = recent
         self._parquet = ParquetRangeReader(store)
         self._rebuilt = RebuiltGroups(rebuilt_cache_bytes)
+
+    async def close(self) -> None:
+        """Cancel the WAL reads in flight."""
+        await self._reads.close()
 
     async def read(self, stream_id: int, offset: int, max_bytes: int) -> ReadResult:
         """Batches from ``offset`` on, up to ``max_bytes`` (but always one whole batch if any).
 
         As in Kafka, the first batch may start before ``offset`` (a batch is never split) and
         may exceed ``max_bytes`` so that a consumer always makes progress.
+
+        The chunks of consecutive WAL entries are read at once, not one after another: each
+        is a ranged read of a different object, and on a remote store each costs a round
+        trip. Reads of one object that other reads (of other streams) want at the same time
+        are shared (:class:`CoalescedReads`).
 
         Raises:
             OffsetOutOfRange: ``offset`` is before the log start or beyond the log end.
@@ -85,22 +159,109 @@ class StreamReader:
             )
         out = bytearray()
         position = offset
-        for _ in range(MAX_ENTRIES_PER_READ):
-            entry = await self._index.entry_for(stream_id, position)
-            if entry is None or entry.start > position:
-                if not out:
-                    await self._check_range(stream_id, offset, entry)
-                return ReadResult(out, position)
-            mark = len(out)
-            try:
-                position, complete = await self._read_entry(entry, position, out, max_bytes)
-            except NotFoundError:
-                del out[mark:]
-                await self._check_replaced(entry, position)
+        lookups = MAX_ENTRIES_PER_READ
+        while lookups > 0:
+            run = await self._start_run(stream_id, position, len(out), max_bytes, lookups)
+            lookups -= run.lookups
+            lost = await _land(run.chunks, out)
+            if lost is not None:
+                await self._check_replaced(lost.entry, lost.first_offset)
+                position = lost.first_offset
                 continue
-            if not complete or len(out) >= max_bytes:
+            if run.chunks:
+                position = run.chunks[-1].next_offset
+            if run.parquet is not None:
+                location = run.parquet.location
+                assert isinstance(location, ParquetLocation)
+                mark = len(out)
+                try:
+                    position, complete = await self._read_parquet(
+                        location, run.parquet.end, position, out, max_bytes
+                    )
+                except NotFoundError:
+                    del out[mark:]
+                    await self._check_replaced(run.parquet, position)
+                    continue
+                if not complete or len(out) >= max_bytes:
+                    break
+                continue
+            if run.log_ends:
+                if not out:
+                    await self._check_range(stream_id, offset, run.next_entry)
+                return ReadResult(out, position)
+            if run.limited:
                 break
         return ReadResult(out, position, truncated=True)
+
+    async def _start_run(
+        self, stream_id: int, offset: int, size: int, max_bytes: int, lookups: int
+    ) -> _Run:
+        """Look up the entries from ``offset`` on and start reading the chunks of the WAL
+        entries among them, until the batches reach ``max_bytes`` (``size`` are read
+        already), the log or a WAL entry ends, or a Parquet entry comes (which the caller
+        reads itself)."""
+        run = _Run()
+        try:
+            while run.lookups < lookups:
+                entry = await self._index.entry_for(stream_id, offset)
+                run.lookups += 1
+                if entry is None or entry.start > offset:
+                    run.log_ends, run.next_entry = True, entry
+                    return run
+                if isinstance(entry.location, ParquetLocation):
+                    run.parquet = entry
+                    return run
+                chunk = self._start_chunk(entry, offset, size, max_bytes)
+                if chunk is None:
+                    run.limited = True
+                    return run
+                run.chunks.append(chunk)
+                size += chunk.length
+                offset = chunk.next_offset
+                if not chunk.whole_entry or size >= max_bytes:
+                    run.limited = True
+                    return run
+            return run
+        except BaseException:
+            _cancel(run.chunks)
+            raise
+
+    def _start_chunk(
+        self, entry: IndexEntry, offset: int, size: int, max_bytes: int
+    ) -> _Chunk | None:
+        """Start reading the batches of one WAL entry from ``offset`` that stay within
+        ``max_bytes`` (``size`` are planned already; the first batch always, if none are);
+        ``None`` if not one fits."""
+        location = entry.location
+        assert isinstance(location, WalLocation)
+        wanted = entry.batches_from(offset)
+        taken = 0
+        for ref in wanted:
+            if size + ref.length > max_bytes and size:
+                break
+            size += ref.length
+            taken += 1
+        if taken == 0:
+            return None
+        head, tail = wanted[0], wanted[taken - 1]
+        first = location.position + head.position
+        last = location.position + tail.position + tail.length
+        cached = self._recent.read(location.ref, first, last)
+        data: asyncio.Future[bytes | memoryview]
+        if cached is not None:
+            data = asyncio.get_running_loop().create_future()
+            data.set_result(cached)
+        else:
+            data = self._reads.read(location.ref, first, last)
+        return _Chunk(
+            entry=entry,
+            first_offset=offset,
+            base_offset=entry.start + head.offset_delta,
+            next_offset=entry.start + tail.offset_delta + tail.record_count,
+            length=last - first,
+            whole_entry=taken == len(wanted),
+            data=data,
+        )
 
     async def _check_replaced(self, entry: IndexEntry, position: int) -> None:
         """The object of a cached ``entry`` is gone: fine if compaction replaced the entry.
@@ -116,43 +277,19 @@ class StreamReader:
                 f"{entry.location.describe()}, which is missing from the object store"
             )
 
-    async def _read_entry(
-        self, entry: IndexEntry, offset: int, out: bytearray, max_bytes: int
-    ) -> tuple[int, bool]:
-        """Append the batches of one entry from ``offset`` to ``out`` while it stays within
-        ``max_bytes`` (its first batch always, if ``out`` is empty).
-
-        Returns:
-            The offset after the last record appended, and whether the entry was read to its
-            end.
-        """
-        if isinstance(entry.location, ParquetLocation):
-            return await self._read_parquet(entry.location, entry.end, offset, out, max_bytes)
-        wanted = entry.batches_from(offset)
-        taken = 0
-        size = len(out)
-        for ref in wanted:
-            if size + ref.length > max_bytes and size:
-                break
-            size += ref.length
-            taken += 1
-        if taken == 0:
-            return offset, False
-        head, tail = wanted[0], wanted[taken - 1]
-        data = await self._read_chunk(entry, head.position, tail.position + tail.length)
-        # Copied once, into the response, and patched there.
-        mark = len(out)
-        out += data
-        batches.patch_base_offsets_into(out, mark, len(out), entry.start + head.offset_delta)
-        return entry.start + tail.offset_delta + tail.record_count, taken == len(wanted)
-
     async def _read_parquet(
         self, location: ParquetLocation, end: int, offset: int, out: bytearray, max_bytes: int
     ) -> tuple[int, bool]:
-        """As :meth:`_read_entry`, for a data file holding offsets up to ``end``. Log
-        compaction may have removed any of its records: reading on from an offset it removed
-        starts at the next record kept, and a read to the file's last record (or from past
-        it) ends at ``end``."""
+        """Append the batches of a data file holding offsets up to ``end``, from ``offset`` on,
+        to ``out`` while it stays within ``max_bytes`` (its first batch always, if ``out`` is
+        empty). Log compaction may have removed any of its records: reading on from an offset
+        it removed starts at the next record kept, and a read to the file's last record (or
+        from past it) ends at ``end``.
+
+        Returns:
+            The offset after the last record appended, and whether the file was read to its
+            end.
+        """
         groups = location.row_groups_from(offset)
         next_offset = offset
         last_group = len(location.row_groups) - 1
