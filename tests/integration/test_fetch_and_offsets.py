@@ -245,6 +245,40 @@ def test_a_fetch_returns_whole_batches_within_its_limits(
     assert len(two.records) == 2 * batch_size
 
 
+def test_partitions_read_at_once_keep_the_limits_of_partitions_read_in_turn(
+    tmp_path: Path,
+) -> None:
+    # Partitions whose limits all fit in the request's are read at the same time; the answer
+    # must be the one of reading them in request order: only its first data may exceed.
+    running = start_icefloe(tmp_path / "data")
+    try:
+        create_topic(running, "several", 3)
+        batch = batch_of([bytes(1000)])
+        with KafkaWire(running.bootstrap) as wire:
+            for partition in range(3):
+                wire.request(produce_request("several", partition, batch))
+            order = (2, 0, 1)
+            tiny = wire.request(fetch_request("several", order, 0, partition_max_bytes=10))
+            roomy = wire.request(
+                fetch_request("several", order, 0, partition_max_bytes=len(batch) + 10)
+            )
+            capped = wire.request(
+                fetch_request(
+                    "several", order, 0, partition_max_bytes=len(batch), max_bytes=len(batch)
+                )
+            )
+    finally:
+        running.stop()
+
+    def sizes(response: Any) -> list[tuple[int, int]]:
+        (topic,) = response.responses
+        return [(p.partition_index, len(p.records or b"")) for p in topic.partitions]
+
+    assert sizes(tiny) == [(2, len(batch)), (0, 0), (1, 0)]
+    assert sizes(roomy) == [(2, len(batch)), (0, len(batch)), (1, len(batch))]
+    assert sizes(capped) == [(2, len(batch)), (0, 0), (1, 0)]  # read in turn: no room left
+
+
 def test_a_fetch_beyond_the_log_end_is_out_of_range(icefloe_with_topic: RunningIcefloe) -> None:
     write(icefloe_with_topic.bootstrap, [b"a"])
 

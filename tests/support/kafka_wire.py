@@ -176,7 +176,7 @@ def produce_request(
 
 def fetch_request(
     topic: str,
-    partition: int,
+    partition: int | tuple[int, ...],
     offset: int,
     *,
     version: int = 12,
@@ -185,13 +185,17 @@ def fetch_request(
     max_bytes: int = 50 << 20,
     partition_max_bytes: int = 1 << 20,
 ) -> Any:
-    """A full (sessionless) Fetch request for one partition."""
+    """A full (sessionless) Fetch request for one partition, or for several (each from
+    ``offset``, in the order given)."""
     m = request_module("fetch", version)
-    wanted = make(
-        m.FetchPartition,
-        partition=i32(partition),
-        fetch_offset=i64(offset),
-        partition_max_bytes=i32(partition_max_bytes),
+    wanted = tuple(
+        make(
+            m.FetchPartition,
+            partition=i32(p),
+            fetch_offset=i64(offset),
+            partition_max_bytes=i32(partition_max_bytes),
+        )
+        for p in (partition if isinstance(partition, tuple) else (partition,))
     )
     return make(
         m.FetchRequest,
@@ -199,6 +203,6 @@ def fetch_request(
         max_wait=datetime.timedelta(milliseconds=max_wait_ms),
         min_bytes=i32(min_bytes),
         max_bytes=i32(max_bytes),
-        topics=(make(m.FetchTopic, topic=topic, partitions=(wanted,)),),
+        topics=(make(m.FetchTopic, topic=topic, partitions=wanted),),
         forgotten_topics_data=(),
     )
