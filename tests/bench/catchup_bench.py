@@ -1,8 +1,9 @@
 """Catch-up reads: a consumer reading a stream from the start, from the WAL and from Parquet.
 
-    python tests/bench/catchup_bench.py [--mb 64]
+    python tests/bench/catchup_bench.py [--mb 64] [--store local|minio] [--wal-only]
 
-Writes ``--mb`` MB of 1 KiB records (16 per batch) over 8 streams on the embedded default, then
+Writes ``--mb`` MB of 1 KiB records (16 per batch) over 8 streams on the embedded default (or
+with the object store on MinIO, started for the run: a store with a network round trip), then
 reads every stream from offset 0 in 1 MiB fetches with a fresh engine (nothing cached), first
 while the data is in WAL objects, then again after compaction into Parquet. Reported: MB/s of
 record batches returned, and the bytes stored in each form.
@@ -15,13 +16,16 @@ import asyncio
 import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record, build_batch
 from icefloe.topics.registry import TopicRegistry
+from tests.support.object_servers import minio_options
 
 STREAMS = 8
 FETCH_BYTES = 1 << 20
@@ -45,11 +49,21 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-async def main(megabytes: int) -> None:
+def store_settings(store: str) -> dict[str, Any]:
+    if store == "local":
+        return {}
+    # The latency profile (flush at 1 MiB), as on the local store: the same WAL objects.
+    return {
+        "object_store": {"backend": "s3", "s3": minio_options(f"catchup-{uuid.uuid4().hex}")},
+        "storage": {"profile": "latency"},
+    }
+
+
+async def main(megabytes: int, store: str, wal_only: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="icefloe-catchup-") as tmp:
         config = load_config(
             env={},
-            overrides={"data_dir": tmp, "table": {"formats": []}},
+            overrides={"data_dir": tmp, "table": {"formats": []}, **store_settings(store)},
         )
         async with await StreamStorage.open(config) as storage:
             topics = TopicRegistry(storage)
@@ -67,6 +81,13 @@ async def main(megabytes: int) -> None:
             await topics.close()
 
         wal_seconds, wal_read = await read_everything(config, streams)
+        print(
+            f"catch-up from WAL:     {wal_read / wal_seconds / 1e6:6.1f} MB/s "
+            f"({wal_read / 1e6:.0f} MB of batches)",
+            flush=True,
+        )
+        if wal_only:
+            return
         wal_stored = folder_bytes(Path(tmp, "objects", "wal"))
 
         async with await StreamStorage.open(config) as storage:
@@ -80,20 +101,20 @@ async def main(megabytes: int) -> None:
         parquet_stored = folder_bytes(Path(tmp, "objects", "tables"))
 
     print(
-        f"catch-up from WAL:     {wal_read / wal_seconds / 1e6:6.1f} MB/s "
-        f"({wal_read / 1e6:.0f} MB of batches)"
-    )
-    print(
         f"catch-up from Parquet: {parquet_read / parquet_seconds / 1e6:6.1f} MB/s "
         f"({parquet_read / 1e6:.0f} MB of batches, rebuilt uncompressed)"
     )
-    print(
-        f"stored: WAL {wal_stored / 1e6:.1f} MB, Parquet {parquet_stored / 1e6:.1f} MB "
-        f"({parquet_stored / wal_stored:.2f}x)"
-    )
+    if store == "local":  # sizes of the files on disk
+        print(
+            f"stored: WAL {wal_stored / 1e6:.1f} MB, Parquet {parquet_stored / 1e6:.1f} MB "
+            f"({parquet_stored / wal_stored:.2f}x)"
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=int, default=64)
-    asyncio.run(main(parser.parse_args().mb))
+    parser.add_argument("--store", choices=("local", "minio"), default="local")
+    parser.add_argument("--wal-only", action="store_true", help="skip compaction and Parquet")
+    args = parser.parse_args()
+    asyncio.run(main(args.mb, args.store, args.wal_only))
