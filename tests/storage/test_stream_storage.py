@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from crc32c import crc32c
@@ -17,6 +18,7 @@ from icefloe.storage.batch import ATTRIBUTES_AT, CRC_AT, BatchError, Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.storage.records import Record, build_batch
+from tests.support.storage import storage_config
 
 
 def records(n: int, *, start_ts: int = 1_700_000_000_000, tag: str = "r") -> list[Record]:
@@ -392,3 +394,59 @@ async def test_a_batch_that_grows_past_the_limit_when_recompressed_is_too_large(
     assert caught.value.error_code == ErrorCode.message_too_large
     assert "once stored with the topic's compression.type (none)" in str(caught.value)
     await (await storage.submit_batches(stream, sent, max_batch_bytes=10_000))  # as sent: fits
+
+
+async def _held_wal_appends(
+    tmp_path: Path, later_batches: int
+) -> tuple[list[int], list[int], list[Record], int]:
+    """One flush slot and 1 KiB flushes; the first WAL append is held while ``later_batches``
+    more batches arrive. Returns the WAL object sizes at the release and in the end, the
+    records read back, and the index entries of the stream."""
+    config = storage_config(
+        tmp_path, flush_bytes=1024, max_inflight_flushes=1, flush_interval_ms=10_000
+    )
+    async with await StreamStorage.open(config) as storage:
+        stream = await storage.create_stream("s")
+        release = asyncio.Event()
+        sizes: list[int] = []
+        append = storage.wal._append  # type: ignore[attr-defined]
+
+        async def held(data: bytes) -> str:
+            sizes.append(len(data))
+            await release.wait()
+            return await append(data)
+
+        storage.wal._append = held  # type: ignore[attr-defined]
+        first = await storage.submit_batches(stream, build_batch(records(20)))
+        later = [
+            await storage.submit_batches(stream, build_batch(records(20, tag=f"b{i}")))
+            for i in range(later_batches)
+        ]
+        await asyncio.sleep(0.05)
+        at_release = list(sizes)
+        release.set()
+        await asyncio.gather(first, *later)
+        read = await storage.read_records(stream, 0, max_bytes=1 << 20)
+        return at_release, sizes, read, len(await storage.index.scan(stream))
+
+
+async def test_appends_made_while_every_flush_is_busy_share_the_next_wal_object(
+    tmp_path: Path,
+) -> None:
+    at_release, sizes, read, entries = await _held_wal_appends(tmp_path, later_batches=4)
+
+    assert len(at_release) == 1  # nothing sealed behind the busy flush
+    assert len(sizes) == 2  # the four later batches in one object
+    assert entries == 2
+    expected = records(20) + [r for i in range(4) for r in records(20, tag=f"b{i}")]
+    assert [r.offset for r in read] == list(range(100))
+    assert comparable(read) == comparable(expected)
+
+
+async def test_a_busy_writer_still_seals_objects_of_bounded_size(tmp_path: Path) -> None:
+    batch = len(build_batch(records(20)))
+    _, sizes, read, _ = await _held_wal_appends(tmp_path, later_batches=16)
+
+    assert len(sizes) > 2
+    assert max(sizes[1:]) <= 8 * 1024 + 2 * batch  # the cap, plus WAL framing
+    assert [r.offset for r in read] == list(range(340))

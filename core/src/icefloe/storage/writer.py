@@ -8,6 +8,12 @@ offsets follow the order in which appends were accepted.
 
 Bytes accepted but not yet committed are bounded by ``max_buffered_bytes``; past it, appends
 wait (back-pressure), so a slow WAL or metadata store never turns into unbounded memory.
+
+While all ``max_inflight_flushes`` flushes are under way, a full buffer is not sealed at once
+but goes on filling until one of them ends (up to ``GROUPED_FLUSHES`` times the flush size):
+under load the WAL objects grow, and with them what each WAL append, fsync and index commit
+carries, instead of queueing more small objects behind the busy ones. The wait is the one a
+sealed object would have spent queued.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from icefloe.storage.producers import Claim, Duplicate, ProducerStates
 from icefloe.storage.recent import RecentWalObjects
 
 log = logging.getLogger(__name__)
+
+GROUPED_FLUSHES = 8
+"""A WAL object sealed while flushes are busy holds at most this many flush sizes."""
 
 
 class CommitDeadlineExceeded(UnavailableError):
@@ -97,8 +106,11 @@ class WalWriter:
         self._outstanding = 0  # bytes accepted and not yet completed
         self._space = asyncio.Condition()
         self._inflight = asyncio.Semaphore(options.max_inflight_flushes)
+        self._unfinished = 0  # flushes sealed and not yet committed or failed
         self._previous_commit: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sealing_wanted = False
+        """A full or timed-out buffer waits for a flush slot (see the module docstring)."""
         self._closed = False
 
     async def append(self, stream_id: int, batches: Sequence[ValidBatch]) -> int:
@@ -151,10 +163,12 @@ class WalWriter:
             self._buffer.appends.append(pending)
             self._buffer.size += pending.size
             if self._buffer.size >= self._flush_bytes:
-                self._start_flush()
+                self._start_flush(busy_limit=GROUPED_FLUSHES * self._flush_bytes)
             elif self._timer is None:
                 loop = asyncio.get_running_loop()
-                self._timer = loop.call_later(self._interval, self._start_flush)
+                self._timer = loop.call_later(
+                    self._interval, self._start_flush, GROUPED_FLUSHES * self._flush_bytes
+                )
         return future
 
     async def flush(self) -> None:
@@ -187,12 +201,20 @@ class WalWriter:
             self._outstanding -= size
             self._space.notify_all()
 
-    def _start_flush(self) -> None:
+    def _start_flush(self, busy_limit: int = 0) -> None:
+        """Seal the buffer and start its flush; while every flush slot is busy and the buffer
+        holds less than ``busy_limit`` bytes, leave it to fill until a flush ends."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if not self._buffer.appends:
             return
+        busy = self._unfinished >= self._options.max_inflight_flushes
+        if busy and self._buffer.size < busy_limit:
+            self._sealing_wanted = True
+            return
+        self._sealing_wanted = False
+        self._unfinished += 1
         flush, self._buffer = self._buffer, _Flush()
         loop = asyncio.get_running_loop()
         previous = self._previous_commit
@@ -212,22 +234,28 @@ class WalWriter:
     ) -> None:
         try:
             async with self._inflight:
-                started = time.perf_counter()
-                try:
-                    sealed = await self._write(flush)
-                except Exception as exc:  # noqa: BLE001 - every failure must reach the appends
-                    sealed = None
-                    metrics.WAL_FLUSH_FAILURES.inc()
-                    self._fail(flush.appends, exc)
-                # Commits go in flush order even when WAL writes finish out of order.
-                if previous is not None:
-                    await asyncio.shield(previous)
-                if sealed is not None and await self._commit(sealed):
-                    metrics.WAL_FLUSH_SECONDS.observe(time.perf_counter() - started)
-                    metrics.WAL_RECORDS.inc(sum(p.record_count for p in flush.appends))
+                await self._write_and_commit(flush, previous)
         finally:
+            self._unfinished -= 1
             committed.set_result(None)
             await self._release(flush.size)
+            if self._sealing_wanted:
+                self._start_flush()  # what filled while every slot was busy
+
+    async def _write_and_commit(self, flush: _Flush, previous: asyncio.Future[None] | None) -> None:
+        started = time.perf_counter()
+        try:
+            sealed = await self._write(flush)
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the appends
+            sealed = None
+            metrics.WAL_FLUSH_FAILURES.inc()
+            self._fail(flush.appends, exc)
+        # Commits go in flush order even when WAL writes finish out of order.
+        if previous is not None:
+            await asyncio.shield(previous)
+        if sealed is not None and await self._commit(sealed):
+            metrics.WAL_FLUSH_SECONDS.observe(time.perf_counter() - started)
+            metrics.WAL_RECORDS.inc(sum(p.record_count for p in flush.appends))
 
     async def _write(self, flush: _Flush) -> _Sealed:
         by_stream: dict[int, list[_Append]] = {}
