@@ -4,23 +4,18 @@ shared by a module's tests (``shared_spark``)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
-from icefloe.ports.base import OpenContext
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
+from tests.support.spark_engine import shared_spark  # noqa: F401 - a fixture pytest finds here
 from tests.support.storage import storage_config
-
-if TYPE_CHECKING:
-    from icefloe_compaction_spark.engine import SparkCompactionEngine
 
 
 @pytest.fixture
@@ -62,22 +57,3 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
         finally:
             await compactor.close()
             await topics.close()
-
-
-@pytest.fixture(scope="module")
-def shared_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCompactionEngine]:
-    """An engine that starts Spark (local mode) for the whole module and stops it at the end;
-    engines the tests open borrow its context (a JVM takes seconds to start)."""
-    # Imported here: only the Spark tests pay for the plugin's imports.
-    from icefloe_compaction_spark.engine import SparkCompactionEngine
-    from icefloe_compaction_spark.options import SparkCompactionOptions
-    from icefloe_compaction_spark.testing import QUICK_LOCAL_OPTIONS
-
-    context = OpenContext(data_dir=tmp_path_factory.mktemp("spark"), config=load_config(env={}))
-    options = SparkCompactionOptions.model_validate(QUICK_LOCAL_OPTIONS)
-    engine = asyncio.run(SparkCompactionEngine.open(options, context))
-    asyncio.run(engine.start())
-    try:
-        yield engine
-    finally:
-        asyncio.run(engine.close())
