@@ -1,6 +1,6 @@
 """Catch-up reads: a consumer reading a stream from the start, from the WAL and from Parquet.
 
-    python tests/bench/catchup_bench.py [--mb 64] [--store local|minio] [--wal-only]
+    python -m tests.bench.catchup_bench [--mb 64] [--store local|minio] [--wal-only]
 
 Writes ``--mb`` MB of 1 KiB records (16 per batch) over 8 streams on the embedded default (or
 with the object store on MinIO, started for the run: a store with a network round trip), then
