@@ -101,6 +101,7 @@ class WalWriter:
         self.profile = options.flush_profile(wal.billed_per_append)
         self._flush_bytes = options.flush_bytes_for(self.profile)
         self._interval = options.flush_interval_for(self.profile)
+        self._busy_limit = GROUPED_FLUSHES * self._flush_bytes
         self._buffer = _Flush()
         self._timer: asyncio.TimerHandle | None = None
         self._outstanding = 0  # bytes accepted and not yet completed
@@ -163,12 +164,10 @@ class WalWriter:
             self._buffer.appends.append(pending)
             self._buffer.size += pending.size
             if self._buffer.size >= self._flush_bytes:
-                self._start_flush(busy_limit=GROUPED_FLUSHES * self._flush_bytes)
+                self._start_flush(self._busy_limit)
             elif self._timer is None:
                 loop = asyncio.get_running_loop()
-                self._timer = loop.call_later(
-                    self._interval, self._start_flush, GROUPED_FLUSHES * self._flush_bytes
-                )
+                self._timer = loop.call_later(self._interval, self._start_flush, self._busy_limit)
         return future
 
     async def flush(self) -> None:
