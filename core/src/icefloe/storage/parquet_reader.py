@@ -3,7 +3,8 @@
 pyarrow reads Parquet from a synchronous file; the object store is asynchronous and remote. So
 the reads pyarrow will need are fetched first, with ranged GETs (the footer, then the column
 chunks of the wanted row groups), into a sparse in-memory file that pyarrow then reads without
-I/O. Footers are cached, so a consumer catching up through a file costs one GET per row group.
+I/O, and without copying: it takes views of the fetched bytes. Footers are cached, parsed, so a
+consumer catching up through a file costs one GET per row group and no footer parse.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import io
 import struct
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
@@ -21,9 +23,9 @@ from icefloe.ports.object_store import ObjectStore
 from icefloe.storage.row_schema import ROW_SCHEMA
 
 TAIL_GUESS: Final = 64 << 10
+"""Bytes fetched from the end of a file at once: usually the whole footer in one GET."""
 KAFKA_COLUMNS: Final = ROW_SCHEMA.names
 """What catch-up reads rebuild batches from (not the typed columns a file may also have)."""
-"""Bytes fetched from the end of a file at once: usually the whole footer in one GET."""
 
 
 class _SparseFile(io.RawIOBase):
@@ -31,11 +33,11 @@ class _SparseFile(io.RawIOBase):
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._ranges: list[tuple[int, bytes]] = []
+        self._ranges: list[tuple[int, memoryview]] = []
         self._position = 0
 
     def add(self, start: int, data: bytes) -> None:
-        self._ranges.append((start, data))
+        self._ranges.append((start, memoryview(data)))
 
     def readable(self) -> bool:
         return True
@@ -51,8 +53,15 @@ class _SparseFile(io.RawIOBase):
         self._position = base + offset
         return self._position
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1) -> bytes | memoryview:
+        """The next ``size`` bytes: a view of fetched bytes (pyarrow keeps it without a copy),
+        or a copy joined from ranges fetched apart."""
         end = self._size if size < 0 else min(self._size, self._position + size)
+        for start, data in self._ranges:
+            if start <= self._position and end <= start + len(data):
+                view = data[self._position - start : end - start]
+                self._position = end
+                return view
         pieces = []
         position = self._position
         # A read may span ranges fetched separately (a column chunk, then the footer).
@@ -74,6 +83,21 @@ class _SparseFile(io.RawIOBase):
         return len(data)
 
 
+@dataclass(frozen=True)
+class FetchedRowGroups:
+    """Row groups of a Parquet file whose bytes are in memory, to decode off the event loop."""
+
+    file: _SparseFile
+    metadata: pq.FileMetaData
+    row_groups: list[int]
+
+    def decode(self) -> pa.Table:
+        """The Kafka columns of the row groups (not the typed columns a schema-backed topic's
+        file also has: those are for the tables). CPU work: call it in a worker thread."""
+        parquet = pq.ParquetFile(self.file, metadata=self.metadata)
+        return parquet.read_row_groups(self.row_groups, columns=KAFKA_COLUMNS)
+
+
 class ParquetRangeReader:
     """Reads row groups of Parquet files in an object store, caching footers."""
 
@@ -84,17 +108,18 @@ class ParquetRangeReader:
 
     async def read_row_groups(self, key: str, size: int, row_groups: list[int]) -> pa.Table:
         """The rows of ``row_groups`` (indices) of the file ``key`` of ``size`` bytes."""
+        fetched = await self.fetch(key, size, row_groups)
+        return await asyncio.to_thread(fetched.decode)
+
+    async def fetch(self, key: str, size: int, row_groups: list[int]) -> FetchedRowGroups:
+        """The bytes of ``row_groups`` of the file ``key`` of ``size`` bytes, ready to decode."""
         tail_start, tail, metadata = await self._footer(key, size)
         sparse = _SparseFile(size)
         sparse.add(tail_start, tail)
         for start, end in _column_chunk_ranges(metadata, row_groups):
             if start < tail_start:
                 sparse.add(start, await self._store.get(key, start, min(end, tail_start)))
-        # Decompressing and decoding row groups is CPU work: keep it off the event loop. Only
-        # the Kafka columns: a schema-backed topic's typed columns are for the tables.
-        return await asyncio.to_thread(
-            pq.ParquetFile(sparse).read_row_groups, row_groups, columns=KAFKA_COLUMNS
-        )
+        return FetchedRowGroups(sparse, metadata, row_groups)
 
     async def metadata(self, key: str, size: int) -> pq.FileMetaData:
         """The footer of the file ``key`` of ``size`` bytes (one ranged GET, then cached)."""

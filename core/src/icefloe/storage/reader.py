@@ -329,8 +329,9 @@ class StreamReader:
             CorruptDataError: the file does not decode as the table row schema.
         """
         try:
-            table = await self._parquet.read_row_groups(location.key, location.size, [group])
-            return await asyncio.to_thread(work, table)
+            fetched = await self._parquet.fetch(location.key, location.size, [group])
+            # Decoded and worked on in one trip to a worker thread.
+            return await asyncio.to_thread(lambda: work(fetched.decode()))
         except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptDataError(
                 f"{location.describe()}, row group {group}, does not decode: {exc}"

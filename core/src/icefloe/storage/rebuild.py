@@ -36,6 +36,8 @@ _VARINT_BYTES: Final = 10
 _SHIFTS: Final = np.arange(0, 7 * _VARINT_BYTES, 7, dtype=np.uint64)
 
 Int64s = npt.NDArray[np.int64]
+Encoded = tuple[pa.BinaryArray, Int64s]
+"""Encoded values, and the byte length of each."""
 
 
 def rebuild_batches(table: pa.Table, end_offset: int | None = None) -> bytes:
@@ -72,10 +74,10 @@ def rebuild_batches(table: pa.Table, end_offset: int | None = None) -> bytes:
     bases_of_batches = bases[starts].tolist()
     first_millis_of_batches = millis[starts].tolist()
     batch_columns = {
-        name: table.column(name).take(pa.array(starts)).to_pylist()
+        name: _int64s(table, name)[starts].tolist()
         for name in ("batch_attributes", "timestamp_type", "producer_id", "producer_epoch")
     }
-    sequences = table.column("base_sequence").take(pa.array(starts)).to_pylist()
+    sequences = _int64s(table, "base_sequence")[starts].tolist()
 
     _, bounds_buffer, data_buffer = records.buffers()
     data = memoryview(data_buffer or b"")
@@ -117,43 +119,53 @@ def _records(table: pa.Table, offset_deltas: Int64s, timestamp_deltas: Int64s) -
     key_lengths = _lengths(keys)
     value_lengths = _lengths(values)
     fields = [
-        _zero_bytes(len(offset_deltas)),  # record attributes: unused in v2
         _varints(timestamp_deltas),
         _varints(offset_deltas),
         _varints(key_lengths),
-        keys,
+        (keys, key_lengths),
         _varints(value_lengths),
-        values,
-        _headers(table.column("headers").combine_chunks()),
+        (values, value_lengths),
+        _headers(table.column("headers")),
     ]
     # The length prefix counts what follows it; summed here, so the bytes are joined once.
-    lengths = np.zeros(len(offset_deltas), dtype=np.int64)
-    for field in fields:
-        lengths += _lengths(field).clip(min=0)
+    lengths = np.ones(len(offset_deltas), dtype=np.int64)  # the record attributes byte
+    for _, field_lengths in fields:
+        lengths += field_lengths.clip(min=0)
+    prefix, _ = _varints(lengths)
     return pc.binary_join_element_wise(
-        _varints(lengths), *fields, b"", null_handling="replace", null_replacement=b""
+        prefix,
+        _zero_bytes(len(offset_deltas)),  # record attributes: unused in v2
+        *(array for array, _ in fields),
+        b"",
+        null_handling="replace",
+        null_replacement=b"",
     )
 
 
-def _headers(column: pa.ListArray) -> pa.BinaryArray:
-    """Each row's header count and headers, encoded."""
-    counts = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+def _headers(column: pa.ChunkedArray) -> Encoded:
+    """Each row's header count and headers, encoded, and their byte lengths."""
+    lists = _single_chunk(column)
+    counts = np.diff(_offsets(lists)).astype(np.int64)
     if not counts.any():
         return _varints(counts)
-    flat = column.values  # indexed by column.offsets, even when the column is a slice
+    flat = lists.values  # indexed by the list offsets, even when the column is a slice
     keys = flat.field("key").cast(pa.binary())
     values = flat.field("value")
+    key_lengths, value_lengths = _lengths(keys), _lengths(values)
+    key_prefixes, value_prefixes = _varints(key_lengths), _varints(value_lengths)
     encoded = pc.binary_join_element_wise(
-        _varints(_lengths(keys)),
+        key_prefixes[0],
         keys,
-        _varints(_lengths(values)),
+        value_prefixes[0],
         values,
         b"",
         null_handling="replace",
         null_replacement=b"",
     )
-    per_row = pa.ListArray.from_arrays(column.offsets, encoded)
-    return pc.binary_join_element_wise(_varints(counts), pc.binary_join(per_row, b""), b"")
+    per_row = pa.ListArray.from_arrays(lists.offsets, encoded)
+    count_prefixes, _ = _varints(counts)
+    joined = pc.binary_join_element_wise(count_prefixes, pc.binary_join(per_row, b""), b"")
+    return joined, _lengths(joined)
 
 
 def _zero_bytes(count: int) -> pa.BinaryArray:
@@ -164,34 +176,53 @@ def _zero_bytes(count: int) -> pa.BinaryArray:
 
 
 def _binary(table: pa.Table, name: str) -> pa.BinaryArray:
-    return table.column(name).combine_chunks()
+    return _single_chunk(table.column(name))
+
+
+def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array, without a copy when it already is one (a row group is)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _int64s(table: pa.Table, name: str) -> Int64s:
     return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
+def _offsets(array: pa.Array) -> npt.NDArray[np.int32]:
+    """The value offsets of a binary or list array (of its slice, if it is one)."""
+    buffer = array.buffers()[1]
+    return np.frombuffer(buffer, dtype=np.int32)[array.offset : array.offset + len(array) + 1]
+
+
 def _lengths(array: pa.Array) -> Int64s:
-    """Byte lengths, with -1 for nulls (Kafka's null key or value)."""
-    lengths = pc.binary_length(array).fill_null(-1)
-    return np.asarray(lengths.to_numpy(), dtype=np.int64)
+    """Byte lengths, with -1 for nulls (Kafka's null key or value), read off the offsets."""
+    lengths = np.diff(_offsets(array)).astype(np.int64)
+    if array.null_count:
+        lengths[array.is_null().to_numpy(zero_copy_only=False)] = -1
+    return lengths
 
 
-def _varints(values: Int64s) -> pa.BinaryArray:
-    """Each value as a Kafka zigzag varint."""
+def _varints(values: Int64s) -> Encoded:
+    """Each value as a Kafka zigzag varint, and each varint's byte length."""
     zigzag = ((values << 1) ^ (values >> 63)).astype(np.uint64)
-    # A value takes one byte per started 7 bits, and at least one.
-    sizes = np.ones(len(values), dtype=np.int64)
-    for shift in _SHIFTS[1:]:
-        sizes += zigzag >= (np.uint64(1) << shift)
-    width = int(sizes.max()) if len(values) else 1
-    columns = np.arange(width)
-    groups = (zigzag[:, None] >> _SHIFTS[:width]) & np.uint64(0x7F)
-    more = columns < (sizes - 1)[:, None]
-    encoded = (groups | (more.astype(np.uint64) << np.uint64(7))).astype(np.uint8)
-    data = encoded[columns < sizes[:, None]]
-    bounds = np.zeros(len(values) + 1, dtype=np.int32)
+    count = len(values)
+    if count == 0 or int(zigzag.max()) < 0x80:  # one byte each: offset deltas, most lengths
+        sizes = np.ones(count, dtype=np.int64)
+        data = zigzag.astype(np.uint8)
+    else:
+        # A value takes one byte per started 7 bits, and at least one.
+        width = (int(zigzag.max()).bit_length() + 6) // 7
+        sizes = np.ones(count, dtype=np.int64)
+        for shift in _SHIFTS[1:width]:
+            sizes += zigzag >= (np.uint64(1) << shift)
+        columns = np.arange(width)
+        groups = (zigzag[:, None] >> _SHIFTS[:width]) & np.uint64(0x7F)
+        more = columns < (sizes - 1)[:, None]
+        encoded = (groups | (more.astype(np.uint64) << np.uint64(7))).astype(np.uint8)
+        data = encoded[columns < sizes[:, None]]
+    bounds = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(sizes, out=bounds[1:])
-    return pa.BinaryArray.from_buffers(
-        pa.binary(), len(values), [None, pa.py_buffer(bounds), pa.py_buffer(data)]
+    array = pa.BinaryArray.from_buffers(
+        pa.binary(), count, [None, pa.py_buffer(bounds), pa.py_buffer(data)]
     )
+    return array, sizes
