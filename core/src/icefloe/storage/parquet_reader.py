@@ -95,7 +95,9 @@ class FetchedRowGroups:
         """The Kafka columns of the row groups (not the typed columns a schema-backed topic's
         file also has: those are for the tables). CPU work: call it in a worker thread."""
         parquet = pq.ParquetFile(self.file, metadata=self.metadata)
-        return parquet.read_row_groups(self.row_groups, columns=KAFKA_COLUMNS)
+        # One thread: the caller's. Arrow's own pool would add thread hand-offs to a
+        # decode of about a megabyte; concurrent reads already use the cores.
+        return parquet.read_row_groups(self.row_groups, columns=KAFKA_COLUMNS, use_threads=False)
 
 
 class ParquetRangeReader:
