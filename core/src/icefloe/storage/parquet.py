@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -47,11 +49,23 @@ class RowGroupRange:
 
 
 class RowBuilder:
-    """Accumulates the rows of one stream's data file from its record batches."""
+    """Accumulates the rows of one stream's data file from its record batches.
+
+    The values a batch shares (base offset, attributes, producer) are kept once per batch and
+    repeated into their columns at the end, and the per-record values are kept column by
+    column: compaction decodes every record, so the per-record Python work is kept small.
+    """
 
     def __init__(self, partition: int) -> None:
         self.partition = partition
-        self._columns: dict[str, list[object]] = {name: [] for name in ROW_SCHEMA.names}
+        self._offsets: list[int] = []
+        self._timestamps: list[int] = []
+        self._keys: list[bytes | None] = []
+        self._values: list[bytes | None] = []
+        self._headers: list[tuple[tuple[str, bytes | None], ...]] = []
+        self._batches: list[tuple[int, int, int, int, int, int, int]] = []
+        """Per batch: (records, base offset, attributes, timestamp type, producer id,
+        producer epoch, base sequence)."""
 
     def add_batch(
         self, batch: bytes | memoryview, base_offset: int, *, committed: bool = False
@@ -63,32 +77,78 @@ class RowBuilder:
         read_committed consumer needs none for it).
         """
         header, records = decode_batch(batch, base_offset=base_offset)
+        if not records:
+            return
         attributes = header.attributes & ~_COMPRESSION_BITS
         if committed:
             attributes &= ~_TRANSACTIONAL_BIT
-        timestamp_type = int(header.timestamp_type)
-        c = self._columns
-        for record in records:
-            c["partition"].append(self.partition)
-            c["offset"].append(record.offset)
-            c["timestamp"].append(record.timestamp * 1000)  # ms → µs
-            c["timestamp_type"].append(timestamp_type)
-            c["key"].append(record.key)
-            c["value"].append(record.value)
-            c["headers"].append([{"key": k, "value": v} for k, v in record.headers])
-            c["batch_base_offset"].append(base_offset)
-            c["batch_attributes"].append(attributes)
-            c["producer_id"].append(header.producer_id)
-            c["producer_epoch"].append(header.producer_epoch)
-            c["base_sequence"].append(header.base_sequence)
+        offsets, timestamps, keys, values, headers = zip(*records, strict=True)
+        self._offsets += offsets
+        self._timestamps += timestamps
+        self._keys += keys
+        self._values += values
+        self._headers += headers
+        self._batches.append(
+            (
+                len(records),
+                base_offset,
+                attributes,
+                int(header.timestamp_type),
+                header.producer_id,
+                header.producer_epoch,
+                header.base_sequence,
+            )
+        )
 
     @property
     def rows(self) -> int:
-        return len(self._columns["offset"])
+        return len(self._offsets)
 
     def table(self) -> pa.Table:
-        arrays = [pa.array(self._columns[f.name], type=f.type) for f in ROW_SCHEMA]
+        rows = self.rows
+        per_batch = np.array(self._batches, dtype=np.int64).reshape(-1, 7)
+        counts = per_batch[:, 0]
+
+        def repeated(column: int) -> npt.NDArray[np.int64]:
+            return np.repeat(per_batch[:, column], counts)
+
+        columns = {
+            "partition": np.full(rows, self.partition, dtype=np.int32),
+            "offset": np.array(self._offsets, dtype=np.int64),
+            "timestamp": np.array(self._timestamps, dtype=np.int64) * 1000,  # ms → µs
+            "timestamp_type": repeated(3),
+            "key": self._keys,
+            "value": self._values,
+            "headers": _header_lists(self._headers),
+            "batch_base_offset": repeated(1),
+            "batch_attributes": repeated(2),
+            "producer_id": repeated(4),
+            "producer_epoch": repeated(5),
+            "base_sequence": repeated(6),
+        }
+        arrays = [
+            column if isinstance(column, pa.Array) else pa.array(column, type=f.type)
+            for f, column in ((f, columns[f.name]) for f in ROW_SCHEMA)
+        ]
         return pa.Table.from_arrays(arrays, schema=ROW_SCHEMA)
+
+
+_HEADERS_TYPE: Final = ROW_SCHEMA.field("headers").type
+
+
+def _header_lists(headers: list[tuple[tuple[str, bytes | None], ...]]) -> pa.Array:
+    """The headers column, built from flat lists of keys and values and each row's count."""
+    bounds = np.zeros(len(headers) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, headers), dtype=np.int32, count=len(headers)), out=bounds[1:])
+    flat = [header for row in headers for header in row]
+    entries = pa.StructArray.from_arrays(
+        [
+            pa.array([key for key, _ in flat], type=pa.string()),
+            pa.array([value for _, value in flat], type=pa.binary()),
+        ],
+        fields=list(_HEADERS_TYPE.value_type),
+    )
+    return pa.ListArray.from_arrays(pa.array(bounds), entries, type=_HEADERS_TYPE)
 
 
 def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
