@@ -119,18 +119,18 @@ class RowBuilder:
             "timestamp_type": repeated(3),
             "key": self._keys,
             "value": self._values,
-            "headers": _header_lists(self._headers),
             "batch_base_offset": repeated(1),
             "batch_attributes": repeated(2),
             "producer_id": repeated(4),
             "producer_epoch": repeated(5),
             "base_sequence": repeated(6),
         }
-        arrays = [
-            column if isinstance(column, pa.Array) else pa.array(column, type=f.type)
-            for f, column in ((f, columns[f.name]) for f in ROW_SCHEMA)
-        ]
-        return pa.Table.from_arrays(arrays, schema=ROW_SCHEMA)
+        arrays = {
+            name: pa.array(values, type=ROW_SCHEMA.field(name).type)
+            for name, values in columns.items()
+        }
+        arrays["headers"] = _header_lists(self._headers)
+        return pa.Table.from_arrays([arrays[name] for name in ROW_SCHEMA.names], schema=ROW_SCHEMA)
 
 
 _HEADERS_TYPE: Final = ROW_SCHEMA.field("headers").type

@@ -151,12 +151,12 @@ def _headers(column: pa.ChunkedArray) -> Encoded:
     flat = lists.values  # indexed by the list offsets, even when the column is a slice
     keys = flat.field("key").cast(pa.binary())
     values = flat.field("value")
-    key_lengths, value_lengths = _lengths(keys), _lengths(values)
-    key_prefixes, value_prefixes = _varints(key_lengths), _varints(value_lengths)
+    key_prefixes, _ = _varints(_lengths(keys))
+    value_prefixes, _ = _varints(_lengths(values))
     encoded = pc.binary_join_element_wise(
-        key_prefixes[0],
+        key_prefixes,
         keys,
-        value_prefixes[0],
+        value_prefixes,
         values,
         b"",
         null_handling="replace",
