@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from icefloe.compaction.service import Compactor
 from icefloe.compaction.task import execute
@@ -108,6 +109,28 @@ async def test_log_append_time_survives_compaction(
         header, decoded = decode_batch(data)
         assert header.attributes & 0x08  # the timestamp type: LogAppendTime
         assert [r.timestamp for r in decoded] == [5_000] * 4
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=UnicodeEncodeError,
+    reason="a header key that is not UTF-8 (Kafka takes any bytes; librdkafka can send them) "
+    "cannot go into the tables' string column, and nothing refuses it at produce: the run "
+    "fails on every retry, so the stream is never compacted",
+)
+async def test_a_header_key_that_is_not_utf8_is_compacted_and_read_back_unchanged(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    key = b"trace-\xff".decode("utf-8", "surrogateescape")  # as records.py decodes it
+    batch = build_batch([Record(0, 1_000, None, b"v", ((key, b"x"),))])
+    await (await storage.submit_batches(stream, batch))
+    before = await storage.read(stream, 0)
+
+    await compactor.until_idle()
+
+    assert (await storage.read(stream, 0)).data == before.data
 
 
 async def test_reads_from_parquet_start_at_any_offset(
