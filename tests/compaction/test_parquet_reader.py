@@ -43,10 +43,10 @@ async def test_every_row_group_reads_back_as_pyarrow_reads_it(tmp_path: Path) ->
     reader = ParquetRangeReader(store)
     whole = pq.ParquetFile(io.BytesIO(data))
     for group in range(whole.metadata.num_row_groups):
-        got = await reader.read_row_groups("f.parquet", len(data), [group])
+        got = (await reader.fetch("f.parquet", len(data), [group])).decode()
         assert got.equals(whole.read_row_group(group))
     last = whole.metadata.num_row_groups - 1
-    both = await reader.read_row_groups("f.parquet", len(data), [0, last])
+    both = (await reader.fetch("f.parquet", len(data), [0, last])).decode()
     assert both.num_rows == whole.read_row_groups([0, last]).num_rows
     await store.close()
 
@@ -56,9 +56,9 @@ async def test_reading_one_row_group_fetches_only_its_bytes(tmp_path: Path) -> N
     store = await open_store(tmp_path)
     await store.put("f.parquet", data)
     reader = ParquetRangeReader(store)
-    await reader.read_row_groups("f.parquet", len(data), [0])  # footer now cached
+    await reader.fetch("f.parquet", len(data), [0])  # footer now cached
     fetched = store.stats.bytes[RequestKind.GET]
-    await reader.read_row_groups("f.parquet", len(data), [1])
+    await reader.fetch("f.parquet", len(data), [1])
     size = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(1).total_byte_size
     assert store.stats.bytes[RequestKind.GET] - fetched < 2 * size
     assert store.stats.bytes[RequestKind.GET] - fetched < len(data) / 2

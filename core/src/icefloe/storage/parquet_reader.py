@@ -9,7 +9,6 @@ consumer catching up through a file costs one GET per row group and no footer pa
 
 from __future__ import annotations
 
-import asyncio
 import io
 import struct
 from collections import OrderedDict
@@ -107,11 +106,6 @@ class ParquetRangeReader:
         self._store = store
         self._footers: OrderedDict[str, tuple[int, bytes, pq.FileMetaData]] = OrderedDict()
         self._capacity = footer_cache
-
-    async def read_row_groups(self, key: str, size: int, row_groups: list[int]) -> pa.Table:
-        """The rows of ``row_groups`` (indices) of the file ``key`` of ``size`` bytes."""
-        fetched = await self.fetch(key, size, row_groups)
-        return await asyncio.to_thread(fetched.decode)
 
     async def fetch(self, key: str, size: int, row_groups: list[int]) -> FetchedRowGroups:
         """The bytes of ``row_groups`` of the file ``key`` of ``size`` bytes, ready to decode."""
