@@ -11,6 +11,7 @@ transport detail the consumer decodes anyway).
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -36,6 +37,8 @@ STATISTICS_COLUMNS: Final = [
 ]
 """Columns with Parquet statistics (a missing one is skipped): what readers filter on, and the
 typed columns' error columns, whose null counts are the dead letters of a file."""
+log = logging.getLogger(__name__)
+
 _COMPRESSION_BITS: Final = 0x07
 _TRANSACTIONAL_BIT: Final = 0x10
 
@@ -143,12 +146,38 @@ def _header_lists(headers: list[tuple[tuple[str, bytes | None], ...]]) -> pa.Arr
     flat = [header for row in headers for header in row]
     entries = pa.StructArray.from_arrays(
         [
-            pa.array([key for key, _ in flat], type=pa.string()),
+            _header_keys([key for key, _ in flat]),
             pa.array([value for _, value in flat], type=pa.binary()),
         ],
         fields=list(_HEADERS_TYPE.value_type),
     )
     return pa.ListArray.from_arrays(pa.array(bounds), entries, type=_HEADERS_TYPE)
+
+
+def _header_keys(keys: list[str]) -> pa.Array:
+    """The header keys as a string column, each invalid UTF-8 byte replaced by U+FFFD.
+
+    Kafka's protocol makes a header key a UTF-8 string, but its broker never checks, and a
+    client other than Java's can send any bytes (records.py keeps them as lone surrogates). A
+    table column must hold valid UTF-8, and failing here would fail the run on every retry and
+    leave the stream's WAL uncompacted for good: such a key is stored replaced, which is what
+    Kafka's Java consumer shows for it anyway. It is the one case where a consumer reads
+    different bytes from Parquet than from the WAL.
+    """
+    try:
+        return pa.array(keys, type=pa.string())
+    except UnicodeEncodeError:
+        replaced = [_valid_utf8(key) for key in keys]
+        changed = sum(old != new for old, new in zip(keys, replaced, strict=True))
+        log.warning(
+            "%d record header key(s) are not valid UTF-8: stored with U+FFFD in their place",
+            changed,
+        )
+        return pa.array(replaced, type=pa.string())
+
+
+def _valid_utf8(key: str) -> str:
+    return key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
