@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -22,7 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from icefloe.storage.records import decode_batch
+from icefloe.storage.batch import TimestampType
+from icefloe.storage.record_columns import PADDING, decode_fields
+from icefloe.storage.records import Header, batch_records, record_bounds
 from icefloe.storage.row_schema import ROW_SCHEMA, TIMESTAMP
 
 ROW_GROUP_BYTES: Final = 1 << 20
@@ -51,77 +53,102 @@ class RowGroupRange:
     last: int
 
 
+SEGMENT_BYTES: Final = 1 << 28
+"""Record bytes decoded together into one chunk of the table: bounds numpy's temporaries."""
+
+
 class RowBuilder:
     """Accumulates the rows of one stream's data file from its record batches.
 
-    The values a batch shares (base offset, attributes, producer) are kept once per batch and
-    repeated into their columns at the end, and the per-record values are kept column by
-    column: compaction decodes every record, so the per-record Python work is kept small.
+    Batches are checked (and decompressed) as they are added, and their records' bytes kept;
+    the fields of all records are decoded together when the table is built
+    (:mod:`icefloe.storage.record_columns`), and the values a batch shares (base offset,
+    attributes, producer) are repeated into their columns with numpy.
     """
 
     def __init__(self, partition: int) -> None:
         self.partition = partition
-        self._offsets: list[int] = []
-        self._timestamps: list[int] = []
-        self._keys: list[bytes | None] = []
-        self._values: list[bytes | None] = []
-        self._headers: list[tuple[tuple[str, bytes | None], ...]] = []
-        self._batches: list[tuple[int, int, int, int, int, int, int]] = []
-        """Per batch: (records, base offset, attributes, timestamp type, producer id,
-        producer epoch, base sequence)."""
+        self._segments: list[_Segment] = [_Segment()]
+        self._rows = 0
 
     def add_batch(
         self, batch: bytes | memoryview, base_offset: int, *, committed: bool = False
     ) -> None:
-        """Decode one batch whose first record has offset ``base_offset``.
+        """Add one batch whose first record has offset ``base_offset``.
 
         ``committed``: the batch belongs to a committed transaction; its rows keep no
         transactional bit, so it reads back as a plain batch (its markers are not kept, and a
         read_committed consumer needs none for it).
+
+        Raises:
+            BatchError: the batch is not valid; its records' fields are checked by
+                :meth:`table`.
         """
-        header, records = decode_batch(batch, base_offset=base_offset)
-        if not records:
+        header, data, start = batch_records(batch)
+        bounds = record_bounds(data, start, header.record_count)
+        if not bounds:
             return
+        records = memoryview(data)[start:]
+        segment = self._segments[-1]
+        if segment.size and segment.size + len(records) > SEGMENT_BYTES:
+            segment = _Segment()
+            self._segments.append(segment)
         attributes = header.attributes & ~_COMPRESSION_BITS
         if committed:
             attributes &= ~_TRANSACTIONAL_BIT
-        offsets, timestamps, keys, values, headers = zip(*records, strict=True)
-        self._offsets += offsets
-        self._timestamps += timestamps
-        self._keys += keys
-        self._values += values
-        self._headers += headers
-        self._batches.append(
+        log_append_time = header.timestamp_type == TimestampType.LOG_APPEND_TIME
+        count = len(bounds) // 2
+        segment.batches.append(
             (
-                len(records),
+                count,
                 base_offset,
                 attributes,
                 int(header.timestamp_type),
                 header.producer_id,
                 header.producer_epoch,
                 header.base_sequence,
+                header.max_timestamp if log_append_time else header.base_timestamp,
+                0 if log_append_time else 1,  # whether record timestamp deltas count
+                segment.size - start,  # from a position in ``data`` to one in the segment
             )
         )
+        segment.bounds += bounds
+        segment.pieces.append(records)
+        segment.size += len(records)
+        self._rows += count
 
     @property
     def rows(self) -> int:
-        return len(self._offsets)
+        return self._rows
 
     def table(self) -> pa.Table:
-        rows = self.rows
-        per_batch = np.array(self._batches, dtype=np.int64).reshape(-1, 7)
+        """The rows added so far.
+
+        Raises:
+            BatchError: a record's fields do not fit its length.
+        """
+        tables = [self._segment_table(segment) for segment in self._segments if segment.batches]
+        if not tables:
+            return ROW_SCHEMA.empty_table()
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def _segment_table(self, segment: _Segment) -> pa.Table:
+        per_batch = np.array(segment.batches, dtype=np.int64)
         counts = per_batch[:, 0]
 
         def repeated(column: int) -> npt.NDArray[np.int64]:
             return np.repeat(per_batch[:, column], counts)
 
+        bounds = np.array(segment.bounds, dtype=np.int64).reshape(-1, 2) + repeated(9)[:, None]
+        fields = decode_fields(
+            b"".join([*segment.pieces, PADDING]), bounds[:, 0].copy(), bounds[:, 1].copy()
+        )
+        millis = repeated(7) + fields.timestamp_deltas * repeated(8)
         columns = {
-            "partition": np.full(rows, self.partition, dtype=np.int32),
-            "offset": np.array(self._offsets, dtype=np.int64),
-            "timestamp": np.array(self._timestamps, dtype=np.int64) * 1000,  # ms → µs
+            "partition": np.full(len(bounds), self.partition, dtype=np.int32),
+            "offset": repeated(1) + fields.offset_deltas,
+            "timestamp": millis * 1000,  # ms → µs
             "timestamp_type": repeated(3),
-            "key": self._keys,
-            "value": self._values,
             "batch_base_offset": repeated(1),
             "batch_attributes": repeated(2),
             "producer_id": repeated(4),
@@ -132,22 +159,34 @@ class RowBuilder:
             name: pa.array(values, type=ROW_SCHEMA.field(name).type)
             for name, values in columns.items()
         }
-        arrays["headers"] = _header_lists(self._headers)
+        arrays["key"] = fields.keys
+        arrays["value"] = fields.values
+        arrays["headers"] = _header_lists(fields.header_counts, fields.headers)
         return pa.Table.from_arrays([arrays[name] for name in ROW_SCHEMA.names], schema=ROW_SCHEMA)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """Batches whose records are decoded together: their records' bytes, each record's bounds
+    in its batch's bytes, and the per-batch values :meth:`RowBuilder.add_batch` keeps."""
+
+    pieces: list[memoryview] = field(default_factory=list)
+    size: int = 0
+    bounds: list[int] = field(default_factory=list)
+    batches: list[tuple[int, ...]] = field(default_factory=list)
 
 
 _HEADERS_TYPE: Final = ROW_SCHEMA.field("headers").type
 
 
-def _header_lists(headers: list[tuple[tuple[str, bytes | None], ...]]) -> pa.Array:
-    """The headers column, built from flat lists of keys and values and each row's count."""
-    bounds = np.zeros(len(headers) + 1, dtype=np.int32)
-    np.cumsum(np.fromiter(map(len, headers), dtype=np.int32, count=len(headers)), out=bounds[1:])
-    flat = [header for row in headers for header in row]
+def _header_lists(counts: npt.NDArray[np.int64], headers: list[Header]) -> pa.Array:
+    """The headers column, from each row's header count and every row's headers in order."""
+    bounds = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=bounds[1:])
     entries = pa.StructArray.from_arrays(
         [
-            _header_keys([key for key, _ in flat]),
-            pa.array([value for _, value in flat], type=pa.binary()),
+            _header_keys([key for key, _ in headers]),
+            pa.array([value for _, value in headers], type=pa.binary()),
         ],
         fields=list(_HEADERS_TYPE.value_type),
     )

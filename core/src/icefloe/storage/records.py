@@ -288,6 +288,33 @@ def decode_batch(
         BatchError: the bytes are not one valid batch (``CORRUPT_MESSAGE``), or use a codec
             Kafka does not define (``UNSUPPORTED_COMPRESSION_TYPE``).
     """
+    header, records_data, start = batch_records(
+        batch, verify_crc=verify_crc, max_uncompressed_bytes=max_uncompressed_bytes
+    )
+    first_offset = header.base_offset if base_offset is None else base_offset
+    log_append_time = header.attributes & 0x08
+    try:
+        records = _decode_records(
+            records_data,
+            start,
+            header.record_count,
+            first_offset,
+            header.base_timestamp,
+            header.max_timestamp if log_append_time else None,
+        )
+    except IndexError:
+        raise _corrupt("record batch ends inside a record") from None
+    return header, records
+
+
+def batch_records(
+    batch: bytes | bytearray | memoryview,
+    *,
+    verify_crc: bool = True,
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+) -> tuple[BatchHeader, bytes, int]:
+    """One v2 batch's header, checked, and its records' bytes, decompressed if need be, with
+    the position of the first record in them (arguments and errors as :func:`decode_batch`)."""
     data = bytes(batch)
     if len(data) < HEADER_SIZE:
         raise _corrupt(f"record batch is truncated: {len(data)} bytes, a header needs 61")
@@ -307,26 +334,12 @@ def decode_batch(
             f"record batch uses unknown compression codec id {codec}",
         )
     if codec == Compression.NONE:
-        records_data, start = data, HEADER_SIZE
-    else:
-        records_data = _decompress(
-            Compression(codec), memoryview(data)[HEADER_SIZE:], max_uncompressed_bytes
-        )
-        start = 0
-    first_offset = header.base_offset if base_offset is None else base_offset
-    log_append_time = header.attributes & 0x08
-    try:
-        records = _decode_records(
-            records_data,
-            start,
-            header.record_count,
-            first_offset,
-            header.base_timestamp,
-            header.max_timestamp if log_append_time else None,
-        )
-    except IndexError:
-        raise _corrupt("record batch ends inside a record") from None
-    return header, records
+        return header, data, HEADER_SIZE
+    return (
+        header,
+        _decompress(Compression(codec), memoryview(data)[HEADER_SIZE:], max_uncompressed_bytes),
+        0,
+    )
 
 
 def _decode_records(
@@ -413,7 +426,7 @@ def _decode_records(
         if header_count == 0:
             headers = _NO_HEADERS
         else:
-            headers, position = _read_headers(data, position, header_count, record_end)
+            headers, position = read_headers(data, position, header_count, record_end)
 
         if position != record_end:
             raise _corrupt("record length does not match its fields")
@@ -425,9 +438,49 @@ def _decode_records(
     return records
 
 
-def _read_headers(
+def record_bounds(data: bytes, position: int, count: int) -> list[int]:
+    """Where each of ``count`` records from ``position`` starts (past its length prefix) and
+    ends, flat: ``[start, end, start, end, ...]``. Only the length prefixes are read: the
+    fields are left to the caller (:mod:`icefloe.storage.record_columns`).
+
+    Raises:
+        BatchError: a length does not fit in ``data``, or bytes follow the last record.
+    """
+    if count < 0:
+        raise _corrupt(f"record batch declares {count} records")
+    end = len(data)
+    bounds: list[int] = []
+    append = bounds.append
+    slow_varint = _read_varint
+    try:
+        for _ in range(count):
+            raw = data[position]
+            if raw < 0x80:
+                position += 1
+            elif data[position + 1] < 0x80:  # records of 64 bytes to 8 KiB
+                raw = (raw & 0x7F) | data[position + 1] << 7
+                position += 2
+            else:
+                raw, position = slow_varint(data, position)
+            length = (raw >> 1) ^ -(raw & 1)
+            record_end = position + length
+            if length <= 0 or record_end > end:
+                raise _corrupt(f"record length {length} does not fit in the batch")
+            append(position)
+            append(record_end)
+            position = record_end
+    except IndexError:
+        raise _corrupt("record batch ends inside a record") from None
+    if position != end:
+        raise _corrupt(f"{end - position} bytes follow the batch's last record")
+    return bounds
+
+
+def read_headers(
     data: bytes, position: int, count: int, record_end: int
 ) -> tuple[tuple[Header, ...], int]:
+    """``count`` record headers from ``position``, which must end by ``record_end``, and the
+    position after them."""
     # Each header takes at least two bytes, so a larger count cannot be honest (and would
     # otherwise make the loop below run for a very long time).
     if count < 0 or 2 * count > record_end - position:
