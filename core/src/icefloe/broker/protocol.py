@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import io
 import pkgutil
 import struct
 from collections.abc import Hashable
@@ -98,17 +97,57 @@ def _response_writer(api_key: int, api_version: int) -> tuple[Any, Any, Any]:
     return header, entity_writer(header), entity_writer(schema)
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> memoryview:
-    """A size-prefixed response frame (a view of the buffer it was written to: a fetch
-    response may be tens of megabytes, so it is not copied again)."""
+Buffer = bytes | bytearray | memoryview
+
+
+class ResponseFrame:
+    """A size-prefixed response frame, as the pieces it was written in.
+
+    kio writes a response field by field. Small fields are gathered into shared buffers, but a
+    fetch response's records (up to megabytes per partition) are kept as references to the
+    handler's buffers: the frame is not one more copy of them, and the transport sends them
+    from where they are.
+    """
+
+    __slots__ = ("_tail", "parts", "size")
+
+    def __init__(self) -> None:
+        self._tail = bytearray(_SIZE.size)  # the size prefix, set by finish()
+        self.parts: list[Buffer] = [self._tail]
+        self.size = _SIZE.size
+        """Bytes in the frame, its size prefix included."""
+
+    def write(self, data: Buffer) -> int:
+        size = len(data)
+        if size >= BY_REFERENCE:
+            self.parts.append(data)
+            self._tail = bytearray()
+            self.parts.append(self._tail)
+        else:
+            self._tail += data
+        self.size += size
+        return size
+
+    def finish(self) -> ResponseFrame:
+        _SIZE.pack_into(self.parts[0], 0, self.size - _SIZE.size)
+        self.parts = [part for part in self.parts if part]
+        return self
+
+
+BY_REFERENCE: Final = 64 * 1024
+"""Writes at least this large go into a :class:`ResponseFrame` by reference, not copied."""
+
+
+def encode_response(
+    api_key: int, api_version: int, correlation_id: int, body: Any
+) -> ResponseFrame:
+    """A size-prefixed response frame (large fields by reference: see :class:`ResponseFrame`).
+    The buffers ``body`` holds must not change until the frame is sent."""
     header_type, write_header, write_body = _response_writer(api_key, api_version)
-    buffer = io.BytesIO()
-    buffer.write(b"\0\0\0\0")
-    write_header(buffer, header_type(correlation_id=i32(correlation_id)))
-    write_body(buffer, body)
-    frame = buffer.getbuffer()
-    _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
-    return frame
+    frame = ResponseFrame()
+    write_header(frame, header_type(correlation_id=i32(correlation_id)))
+    write_body(frame, body)
+    return frame.finish()
 
 
 @functools.cache

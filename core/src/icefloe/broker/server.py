@@ -301,7 +301,7 @@ class KafkaServer:
 
     def _dispatch(
         self, connection: Connection, frame: bytes, held: Held
-    ) -> asyncio.Task[bytes | memoryview | None]:
+    ) -> asyncio.Task[protocol.ResponseFrame | None]:
         """Decode the request and start its handler; the task yields the response frame."""
         api_key, api_version = protocol.peek_api(frame)
         api = SUPPORTED_APIS.get(api_key)
@@ -323,7 +323,7 @@ class KafkaServer:
             metrics.CROSS_ZONE_BYTES.labels("in").inc(len(frame))
         return asyncio.create_task(self._respond(api, context), name=f"{api.name} {api_version}")
 
-    async def _respond(self, api: Api, context: RequestContext) -> memoryview | None:
+    async def _respond(self, api: Api, context: RequestContext) -> protocol.ResponseFrame | None:
         request = context.request
         started = time.perf_counter()
         try:
@@ -338,9 +338,9 @@ class KafkaServer:
             frame = protocol.encode_response(
                 request.api_key, request.api_version, request.correlation_id, body
             )
-            context.held.add_response(len(frame))
+            context.held.add_response(frame.size)
             if self._cross_zone(request.client_id):
-                metrics.CROSS_ZONE_BYTES.labels("out").inc(len(frame))
+                metrics.CROSS_ZONE_BYTES.labels("out").inc(frame.size)
             return frame
         except Exception:
             # A bug, never the client's fault: handlers answer bad input with Kafka errors.
@@ -360,7 +360,7 @@ class KafkaServer:
         theirs = client_zone(client_id)
         return theirs is not None and theirs != zone
 
-    async def _unsupported_api_versions(self, frame: bytes) -> memoryview:
+    async def _unsupported_api_versions(self, frame: bytes) -> protocol.ResponseFrame:
         from icefloe.broker.handlers.api_versions import unsupported_version_response
 
         return unsupported_version_response(frame)
@@ -383,11 +383,10 @@ class KafkaServer:
                 return
             try:
                 if frame is not None:
-                    writer.write(frame)
-                    # What the socket did not take, the transport copied: let the encoding
-                    # buffer go now, or a slow reader's response would be held twice.
-                    if isinstance(frame, memoryview):
-                        frame.release()
+                    for part in frame.parts:
+                        writer.write(part)
+                    # What the socket did not take, the transport copied: let the response's
+                    # buffers go now, or a slow reader's response would be held twice.
                     del frame
                     await writer.drain()
             finally:
@@ -406,6 +405,6 @@ def _count_answer(api: Api, version: int, body: Any, seconds: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
-    response: asyncio.Task[bytes | memoryview | None]
+    response: asyncio.Task[protocol.ResponseFrame | None]
     held: Held
     """The request's memory, released once its response is sent."""
