@@ -1,6 +1,7 @@
 """Compaction throughput: the in-process engine against the Spark engine in local mode.
 
     python tests/bench/compaction_bench.py [--mb 100] [--cores 2] [--repeat 3]
+        [--engines local,spark]
 
 Writes about ``--mb`` MB of WAL through the stream storage engine (1 KiB records in 16-record
 batches, uncompressed, over 8 streams, the cost flush profile), then compacts all of it:
@@ -151,7 +152,7 @@ def report(label: str, nbytes: int, seconds: float, cores: int) -> None:
     )
 
 
-async def main(total_mb: int, cores: int, repeat: int) -> None:
+async def main(total_mb: int, cores: int, repeat: int, engines: set[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="icefloe-compaction-bench-") as tmp:
         config = load_config(env={}, overrides={"data_dir": tmp})
         async with await StreamStorage.open(config) as storage:
@@ -181,45 +182,63 @@ async def main(total_mb: int, cores: int, repeat: int) -> None:
             seconds, _ = await timed(lambda: execute(whole, storage.wal, store), repeat)
             report("execute (this process, 1 task)", wal_bytes([whole]), seconds, 1)
 
-            local_tasks = await make_tasks(storage, streams, cores, "local")
-            local = await open_engine("local", {"workers": cores}, config, storage, tmp)
-            try:
-                seconds, _ = await timed(lambda: local.run(local_tasks), repeat)
-            finally:
-                await local.close()
-            label = f"local engine ({cores} workers, {cores} tasks)"
-            report(label, wal_bytes(local_tasks), seconds, cores)
+            if engines:
+                await time_engines(config, storage, streams, tmp, cores, repeat, engines)
 
-            spark_tasks = await make_tasks(storage, streams, cores, "spark")
-            spark_options = {
-                "master": f"local[{cores}]",
-                "conf": {
-                    "spark.ui.enabled": "false",
-                    "spark.driver.host": "127.0.0.1",
-                    "spark.driver.bindAddress": "127.0.0.1",
-                },
-            }
-            spark = await open_engine("spark", spark_options, config, storage, tmp)
-            try:
-                started = time.perf_counter()
-                await spark.start()  # type: ignore[attr-defined]
-                print(f"Spark start-up: {time.perf_counter() - started:.1f} s")
-                seconds, spark_files = await timed(lambda: spark.run(spark_tasks), repeat)
-                print(f"Spark job overhead (a trivial job): {job_overhead(spark) * 1000:.0f} ms")
-            finally:
-                await spark.close()
-            label = f"spark engine (local[{cores}], {cores} tasks)"
-            report(label, wal_bytes(spark_tasks), seconds, cores)
 
-            # Same records, same files: the engines are interchangeable.
-            local_by_stream = {
-                f.stream_id: dataclasses.replace(f, task_id="", path="")
-                for f in await execute_all(local_tasks, storage)
-            }
-            assert all(
-                dataclasses.replace(f, task_id="", path="") == local_by_stream[f.stream_id]
-                for f in spark_files
-            ), "the Spark engine's files differ from the task code's"
+async def time_engines(
+    config: Config,
+    storage: StreamStorage,
+    streams: list[int],
+    tmp: str,
+    cores: int,
+    repeat: int,
+    engines: set[str],
+) -> None:
+    """Time the engines (``local``, ``spark``) on the same WAL; with both, compare their
+    files."""
+    local_tasks = await make_tasks(storage, streams, cores, "local")
+    if "local" in engines:
+        local = await open_engine("local", {"workers": cores}, config, storage, tmp)
+        try:
+            seconds, _ = await timed(lambda: local.run(local_tasks), repeat)
+        finally:
+            await local.close()
+        label = f"local engine ({cores} workers, {cores} tasks)"
+        report(label, wal_bytes(local_tasks), seconds, cores)
+    if "spark" not in engines:
+        return
+
+    spark_tasks = await make_tasks(storage, streams, cores, "spark")
+    spark_options = {
+        "master": f"local[{cores}]",
+        "conf": {
+            "spark.ui.enabled": "false",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+        },
+    }
+    spark = await open_engine("spark", spark_options, config, storage, tmp)
+    try:
+        started = time.perf_counter()
+        await spark.start()  # type: ignore[attr-defined]
+        print(f"Spark start-up: {time.perf_counter() - started:.1f} s")
+        seconds, spark_files = await timed(lambda: spark.run(spark_tasks), repeat)
+        print(f"Spark job overhead (a trivial job): {job_overhead(spark) * 1000:.0f} ms")
+    finally:
+        await spark.close()
+    label = f"spark engine (local[{cores}], {cores} tasks)"
+    report(label, wal_bytes(spark_tasks), seconds, cores)
+
+    # Same records, same files: the engines are interchangeable.
+    local_by_stream = {
+        f.stream_id: dataclasses.replace(f, task_id="", path="")
+        for f in await execute_all(local_tasks, storage)
+    }
+    assert all(
+        dataclasses.replace(f, task_id="", path="") == local_by_stream[f.stream_id]
+        for f in spark_files
+    ), "the Spark engine's files differ from the task code's"
 
 
 def job_overhead(engine: CompactionEngine) -> float:
@@ -242,5 +261,11 @@ if __name__ == "__main__":
     parser.add_argument("--mb", type=int, default=100, help="MB of WAL to write and compact")
     parser.add_argument("--cores", type=int, default=2, help="workers for each engine")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs after a warm-up")
+    parser.add_argument(
+        "--engines",
+        default="local,spark",
+        help="engines to time after the task code, comma-separated ('' for none)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.mb, args.cores, args.repeat))
+    chosen = {name for name in args.engines.split(",") if name}
+    asyncio.run(main(args.mb, args.cores, args.repeat, chosen))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +28,7 @@ import pyarrow as pa
 from icefloe import config as configuration
 from icefloe.compaction import log_cleaning
 from icefloe.errors import CorruptDataError
+from icefloe.plugins import BackendRegistry
 from icefloe.ports.base import OpenContext
 from icefloe.ports.compaction import (
     CompactionTask,
@@ -242,7 +244,7 @@ async def _schema_lookup(
     metadata = None
     if config.schema_registry.url is None:
         context = OpenContext(data_dir=config.data_dir)
-        metadata = await configuration.resolve_one(config, MetadataStore).open(context)
+        metadata = await configuration.resolve_one(config, MetadataStore, _backends()).open(context)
     try:
         lookup = open_lookup(config, metadata)  # type: ignore[arg-type]
         try:
@@ -261,15 +263,22 @@ class WorkerResult(NamedTuple):
     broker's metrics count them too."""
 
 
+@functools.cache
+def _backends() -> BackendRegistry:
+    """The installed backends, found once per worker process rather than once per task (the
+    entry points are read from every installed distribution's metadata)."""
+    return BackendRegistry()
+
+
 def run_task_in_worker(config: configuration.Config, task: CompactionTask) -> WorkerResult:
     """Open the WAL and object store from ``config`` and run ``task`` (blocking)."""
 
     async def main() -> WorkerResult:
         context = OpenContext(data_dir=config.data_dir)
-        store = await configuration.resolve_one(config, ObjectStore).open(context)
+        store = await configuration.resolve_one(config, ObjectStore, _backends()).open(context)
         try:
             wal_context = OpenContext(data_dir=config.data_dir, object_store=store)
-            wal = await configuration.resolve_one(config, WAL).open(wal_context)
+            wal = await configuration.resolve_one(config, WAL, _backends()).open(wal_context)
             try:
                 async with _schema_lookup(config, task) as lookup:
                     files = await execute(task, wal, store, lookup)
