@@ -33,6 +33,7 @@ from icefloe.broker.answered_errors import errors_in
 from icefloe.broker.apis import SUPPORTED_APIS, Api
 from icefloe.broker.memory import ByteBudget, Held
 from icefloe.broker.protocol import ProtocolError, Request
+from icefloe.broker.wire import Wire
 from icefloe.cluster import client_zone
 from icefloe.config.security import Protocol
 from icefloe.security import tls
@@ -53,9 +54,6 @@ Handler = Callable[["RequestContext", Any], Awaitable[Any]]
 
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 """A client that has not finished its TLS handshake by then is disconnected."""
-READ_BUFFER_BYTES: Final = 256 << 10
-"""The stream limit of a connection: its socket reads pause once twice this is buffered.
-asyncio's 64 KiB default stops and restarts reading several times per produce request."""
 
 
 @dataclass(frozen=True)
@@ -169,12 +167,12 @@ class KafkaServer:
 
     async def start(self, host: str, port: int, listener: Listener = PLAINTEXT) -> int:
         """Listen on one more address; return the bound port (useful with port 0)."""
-        server = await asyncio.start_server(
-            functools.partial(self._serve, listener),
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: Wire(functools.partial(self._accept, listener)),
             host,
             port,
             reuse_address=True,
-            limit=READ_BUFFER_BYTES,
             ssl=listener.ssl,
             ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if listener.ssl else None,
         )
@@ -199,15 +197,15 @@ class KafkaServer:
             handler = self._handlers[api.key] = getattr(importlib.import_module(module), name)
         return handler
 
-    async def _serve(
-        self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _accept(self, listener: Listener, wire: Wire) -> None:
+        task = asyncio.create_task(self._serve(listener, wire))
         self._connections.add(task)
+
+    async def _serve(self, listener: Listener, wire: Wire) -> None:
+        task = asyncio.current_task()
         metrics.CONNECTIONS_ACCEPTED.inc()
         metrics.CONNECTIONS.inc()
-        address = writer.get_extra_info("peername")
+        address = wire.get_extra_info("peername")
         peer = str(address)
         connection = Connection(
             peer,
@@ -218,14 +216,14 @@ class KafkaServer:
         )
         if listener.ssl is not None:
             connection.certificate_principal = tls.certificate_principal(
-                writer.get_extra_info("peercert")
+                wire.get_extra_info("peercert")
             )
         responses: asyncio.Queue[_Pending | None] = asyncio.Queue(
             self._options.max_inflight_requests
         )
-        sender = asyncio.create_task(self._send(writer, responses, connection), name=f"send {peer}")
+        sender = asyncio.create_task(self._send(wire, responses, connection), name=f"send {peer}")
         reading = asyncio.create_task(
-            self._read_requests(reader, connection, responses), name=f"read {peer}"
+            self._read_requests(wire, connection, responses), name=f"read {peer}"
         )
         try:
             # A sender that stops first (the client went away, a handler failed) ends the
@@ -245,28 +243,29 @@ class KafkaServer:
                 sender.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await sender
-            writer.close()
+            wire.close()
             try:
                 # Unsent bytes go out first, but a peer that stopped reading gets no say in
                 # how long this connection (and what it holds) lives on.
-                await asyncio.wait_for(writer.wait_closed(), CLOSE_GRACE_S)
+                await asyncio.wait_for(wire.wait_closed(), CLOSE_GRACE_S)
             except (TimeoutError, Exception):  # noqa: BLE001 - closing regardless
-                writer.transport.abort()
+                wire.abort()
             for held in list(connection.holds):
                 held.release()
-            self._connections.discard(task)
+            if task is not None:
+                self._connections.discard(task)
             metrics.CONNECTIONS.dec()
 
     async def _read_requests(
         self,
-        reader: asyncio.StreamReader,
+        wire: Wire,
         connection: Connection,
         responses: asyncio.Queue[_Pending | None],
     ) -> None:
         """Read frames and start their handlers until the client closes or sends garbage."""
         try:
             while True:
-                size = await self._read_size(reader)
+                size = await self._read_size(wire)
                 if size is None:
                     return
                 if connection.throttled_until:
@@ -275,7 +274,8 @@ class KafkaServer:
                 # Back-pressure: read no further while this connection, or the broker as a
                 # whole, holds all the memory it may.
                 await held.take(size)
-                frame = await reader.readexactly(size)
+                # Read-only, as kio's decoder requires: a view, not a copy, of what was read.
+                frame = memoryview(await wire.read_exactly(size)).toreadonly()
                 response = self._dispatch(connection, frame, held)
                 await responses.put(_Pending(response, held))
         except ProtocolError as exc:
@@ -283,10 +283,10 @@ class KafkaServer:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
 
-    async def _read_size(self, reader: asyncio.StreamReader) -> int | None:
+    async def _read_size(self, wire: Wire) -> int | None:
         """The size of the next frame, or ``None`` when the client closed between frames."""
         try:
-            prefix = await reader.readexactly(_SIZE.size)
+            prefix = await wire.read_exactly(_SIZE.size)
         except asyncio.IncompleteReadError as exc:
             if exc.partial:
                 raise ProtocolError("connection closed inside a frame size") from exc
@@ -300,7 +300,7 @@ class KafkaServer:
         return int(size)
 
     def _dispatch(
-        self, connection: Connection, frame: bytes, held: Held
+        self, connection: Connection, frame: memoryview, held: Held
     ) -> asyncio.Task[protocol.ResponseFrame | None]:
         """Decode the request and start its handler; the task yields the response frame."""
         api_key, api_version = protocol.peek_api(frame)
@@ -360,14 +360,14 @@ class KafkaServer:
         theirs = client_zone(client_id)
         return theirs is not None and theirs != zone
 
-    async def _unsupported_api_versions(self, frame: bytes) -> protocol.ResponseFrame:
+    async def _unsupported_api_versions(self, frame: memoryview) -> protocol.ResponseFrame:
         from icefloe.broker.handlers.api_versions import unsupported_version_response
 
         return unsupported_version_response(frame)
 
     async def _send(
         self,
-        writer: asyncio.StreamWriter,
+        wire: Wire,
         responses: asyncio.Queue[_Pending | None],
         connection: Connection,
     ) -> None:
@@ -379,16 +379,16 @@ class KafkaServer:
                 frame = await pending.response
             except Exception:  # noqa: BLE001 - logged by _respond
                 # A client waiting for the answer must not hang: close the connection.
-                writer.close()
+                wire.close()
                 return
             try:
                 if frame is not None:
                     for part in frame.parts:
-                        writer.write(part)
+                        wire.write(part)
                     # What the socket did not take, the transport copied: let the response's
                     # buffers go now, or a slow reader's response would be held twice.
                     del frame
-                    await writer.drain()
+                    await wire.drain()
             finally:
                 pending.held.release()
             if connection.doomed:

@@ -30,7 +30,7 @@ async def handle_api_versions(ctx: RequestContext, request: Any) -> Any:
     return _response(ctx.response_module(), ErrorCode.none)
 
 
-def unsupported_version_response(frame: bytes) -> protocol.ResponseFrame:
+def unsupported_version_response(frame: bytes | memoryview) -> protocol.ResponseFrame:
     """Kafka's answer to an ApiVersions version it does not know: a v0 response saying
     UNSUPPORTED_VERSION and listing what is supported, so the client can retry."""
     (correlation_id,) = struct.unpack_from(">i", frame, 4) if len(frame) >= 8 else (0,)
