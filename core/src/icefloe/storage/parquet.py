@@ -53,6 +53,10 @@ class RowGroupRange:
     last: int
 
 
+# What RowBuilder keeps per batch, by position in its tuple.
+_COUNT, _BASE_OFFSET, _ATTRIBUTES, _TIMESTAMP_TYPE, _PRODUCER_ID, _PRODUCER_EPOCH = range(6)
+_BASE_SEQUENCE, _FIRST_MILLIS, _DELTAS_COUNT, _SHIFT = range(6, 10)
+
 SEGMENT_BYTES: Final = 1 << 28
 """Record bytes decoded together into one chunk of the table: bounds numpy's temporaries."""
 
@@ -134,26 +138,26 @@ class RowBuilder:
 
     def _segment_table(self, segment: _Segment) -> pa.Table:
         per_batch = np.array(segment.batches, dtype=np.int64)
-        counts = per_batch[:, 0]
+        counts = per_batch[:, _COUNT]
 
         def repeated(column: int) -> npt.NDArray[np.int64]:
             return np.repeat(per_batch[:, column], counts)
 
-        bounds = np.array(segment.bounds, dtype=np.int64).reshape(-1, 2) + repeated(9)[:, None]
+        bounds = np.array(segment.bounds, dtype=np.int64).reshape(-1, 2) + repeated(_SHIFT)[:, None]
         fields = decode_fields(
             b"".join([*segment.pieces, PADDING]), bounds[:, 0].copy(), bounds[:, 1].copy()
         )
-        millis = repeated(7) + fields.timestamp_deltas * repeated(8)
+        millis = repeated(_FIRST_MILLIS) + fields.timestamp_deltas * repeated(_DELTAS_COUNT)
         columns = {
             "partition": np.full(len(bounds), self.partition, dtype=np.int32),
-            "offset": repeated(1) + fields.offset_deltas,
+            "offset": repeated(_BASE_OFFSET) + fields.offset_deltas,
             "timestamp": millis * 1000,  # ms → µs
-            "timestamp_type": repeated(3),
-            "batch_base_offset": repeated(1),
-            "batch_attributes": repeated(2),
-            "producer_id": repeated(4),
-            "producer_epoch": repeated(5),
-            "base_sequence": repeated(6),
+            "timestamp_type": repeated(_TIMESTAMP_TYPE),
+            "batch_base_offset": repeated(_BASE_OFFSET),
+            "batch_attributes": repeated(_ATTRIBUTES),
+            "producer_id": repeated(_PRODUCER_ID),
+            "producer_epoch": repeated(_PRODUCER_EPOCH),
+            "base_sequence": repeated(_BASE_SEQUENCE),
         }
         arrays = {
             name: pa.array(values, type=ROW_SCHEMA.field(name).type)
