@@ -55,9 +55,17 @@ def transactional(cluster: RunningIcefloe, transactional_id: str, **settings: An
 
 
 def read_all(
-    cluster: RunningIcefloe, topic: str, isolation: str, partitions: int = 2, idle_s: float = 3
+    cluster: RunningIcefloe,
+    topic: str,
+    isolation: str,
+    partitions: int = 2,
+    idle_s: float | None = None,
 ) -> list[bytes]:
-    """Every value a consumer with ``isolation`` reads, from the start, until it is idle."""
+    """Every value a consumer with ``isolation`` reads, from the start: until it is idle for
+    ``idle_s`` if given, else until the broker has let it read up to each partition's log end
+    as it stood when the read began and it is idle for a second. A read_committed consumer
+    gets there only once no open transaction holds a partition back, so a last stable offset
+    that never moves fails here, and a slow read does not pass for the end of the data."""
     consumer = Consumer(
         {
             "bootstrap.servers": cluster.bootstrap,
@@ -66,10 +74,22 @@ def read_all(
             "enable.auto.commit": False,
         }
     )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    assigned = [TopicPartition(topic, p, 0) for p in range(partitions)]
+    ends = _log_ends(cluster, assigned)
+    consumer.assign(assigned)
     values: list[bytes] = []
     last = time.monotonic()
-    while time.monotonic() - last < idle_s:
+    deadline = last + 60
+    while True:
+        idle = time.monotonic() - last
+        if idle_s is not None and idle >= idle_s:
+            break
+        if idle_s is None and idle >= 1 and _reached(_readable_to(consumer, assigned), ends):
+            break
+        assert time.monotonic() < deadline, (
+            f"read {values}, but the broker let it read to {_readable_to(consumer, assigned)} "
+            f"of the log ends {ends}"
+        )
         message = consumer.poll(0.5)
         if message is None or message.error() is not None:
             continue
@@ -77,6 +97,32 @@ def read_all(
         last = time.monotonic()
     consumer.close()
     return values
+
+
+def _log_ends(cluster: RunningIcefloe, assigned: list[TopicPartition]) -> list[int]:
+    """The partitions' high watermarks."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": "watermarks",
+            # A read_committed query (librdkafka's default) answers last stable offsets.
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    try:
+        return [consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in assigned]
+    finally:
+        consumer.close()
+
+
+def _reached(offsets: list[int], ends: list[int]) -> bool:
+    return all(offset >= end for offset, end in zip(offsets, ends, strict=True))
+
+
+def _readable_to(consumer: Consumer, assigned: list[TopicPartition]) -> list[int]:
+    """Where the broker says each partition ends for the consumer: the last stable offset for
+    read_committed, the high watermark otherwise."""
+    return [consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in assigned]
 
 
 def test_read_committed_sees_committed_records_only(cluster: RunningIcefloe) -> None:

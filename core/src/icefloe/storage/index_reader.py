@@ -108,6 +108,9 @@ class IndexReader:
         self._floors: dict[int, int] = {}
         """Log starts set by DeleteRecords (0 where none is), read from the store, until a
         notification says the record changed."""
+        self._dropped = 0
+        """Counts the notifications that dropped starts or floors: a store read that one
+        overtook may be stale, and is then not kept (no later notification would drop it)."""
         self._follower: Follower | None = None
 
     async def start(self) -> None:
@@ -189,9 +192,11 @@ class IndexReader:
     async def recorded_log_start(self, stream_id: int) -> int:
         """The log start DeleteRecords set (``streams/<id>/log-start``), read from the store;
         0 if it never did. Records below it are unreadable even inside an index entry."""
+        dropped = self._dropped
         record = await self._metadata.get(keys.log_start(stream_id))
         floor = 0 if record is None else decode_log_start(record.value)
-        self._floors[stream_id] = floor
+        if self._dropped == dropped:
+            self._floors[stream_id] = max(floor, self._floors.get(stream_id, 0))
         return floor
 
     async def log_start_floor(self, stream_id: int) -> int:
@@ -222,7 +227,10 @@ class IndexReader:
         says an entry of the stream was removed. For answers that report it, as above."""
         start = self._starts.get(stream_id)
         if start is None:
-            start = self._starts[stream_id] = await self.log_start(stream_id)
+            dropped = self._dropped
+            start = await self.log_start(stream_id)
+            if self._dropped == dropped:
+                self._starts[stream_id] = start
         return start
 
     async def entries(self, stream_id: int, after_end: int = 0) -> AsyncIterator[IndexEntry]:
@@ -322,6 +330,7 @@ class IndexReader:
     async def _apply(self, event: WatchEvent) -> None:
         if event.kind is EventKind.RESET:
             # Changes were missed: forget everything and let waiters re-check the store.
+            self._dropped += 1
             self._streams.clear()
             self._cached = 0
             self._ends.clear()
@@ -331,6 +340,7 @@ class IndexReader:
             return
         if event.key is not None and keys.is_log_start_key(event.key):
             stream_id = keys.stream_of_key(event.key)
+            self._dropped += 1
             self._floors.pop(stream_id, None)
             self._starts.pop(stream_id, None)
             return
@@ -340,6 +350,7 @@ class IndexReader:
         if event.kind is EventKind.PUT:
             self._saw_end(stream_id, end)
         else:
+            self._dropped += 1
             self._starts.pop(stream_id, None)  # the first entry may be the one that went
         cache = self._streams.get(stream_id)
         # A deleted entry is gone; a rewritten one (compaction put a Parquet entry under the

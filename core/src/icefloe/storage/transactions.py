@@ -98,6 +98,8 @@ class TransactionMarks:
     def __init__(self, metadata: MetadataStore) -> None:
         self._metadata = metadata
         self._open: dict[int, dict[int, OpenMark]] = {}
+        self._changes = 0
+        """Counts the cache's changes: a store read that one overtook may be stale."""
         self._follower: Follower | None = None
 
     async def start(self) -> None:
@@ -126,11 +128,17 @@ class TransactionMarks:
         cached = self._open.get(stream_id, {}).get(producer_id)
         if cached is not None:
             return cached
+        changes = self._changes
         record = await self._metadata.get(_open_key(stream_id, producer_id))
         if record is None:
             return None
         mark = _decode_open(record.key, record.value)[1]
-        self._remember(stream_id, mark)
+        if self._changes == changes:
+            # Cached only if the cache did not change while the store answered: the
+            # transaction may have ended meanwhile, its end already applied, and no later
+            # event would take back a mark remembered after it (it would hold the last stable
+            # offset back for good).
+            self._remember(stream_id, mark)
         return mark
 
     def open_marks(self, stream_id: int) -> list[OpenMark]:
@@ -191,9 +199,11 @@ class TransactionMarks:
     # --- the cache --------------------------------------------------------------------------
 
     def _remember(self, stream_id: int, mark: OpenMark) -> None:
+        self._changes += 1
         self._open.setdefault(stream_id, {})[mark.producer_id] = mark
 
     def _forget(self, stream_id: int, producer_id: int) -> None:
+        self._changes += 1
         marks = self._open.get(stream_id)
         if marks is not None:
             marks.pop(producer_id, None)
@@ -209,12 +219,15 @@ class TransactionMarks:
                 log.warning("skipping %s: %s", record.key, exc)
                 continue
             loaded.setdefault(stream_id, {})[mark.producer_id] = mark
+        self._changes += 1
         self._open = loaded
 
     async def _apply(self, event: WatchEvent) -> None:
         if event.key is None:  # RESET
             await self._reload()
             return
+        # What is read may be overtaken by a change before it is applied; that change's own
+        # event follows and corrects it.
         record = await self._metadata.get(event.key)
         if record is None:
             stream_id, producer_id = _parse_open_key(event.key)

@@ -144,6 +144,8 @@ class TopicRegistry:
         self._metadata = storage.metadata
         self._topics: dict[str, Topic] = {}
         self._by_id: dict[uuid.UUID, Topic] = {}
+        self._changes = 0
+        """Counts the cache's changes: a store read that one overtook may be stale."""
         self._follower: Follower | None = None
 
     async def start(self) -> None:
@@ -172,11 +174,16 @@ class TopicRegistry:
             # No stored topic has it (the internal topic is virtual), and it may not even
             # make a valid store key.
             return None
+        changes = self._changes
         record = await self._metadata.get(TOPICS + name)
         if record is None:
             return None
         topic = Topic.decode(name, record.value, record.version)
-        self._remember(topic)
+        if self._changes == changes:
+            # Not if the cache changed while the store answered: the topic may have been
+            # deleted meanwhile, its deletion already applied, and no later event would take
+            # back a topic remembered after it.
+            self._remember(topic)
         return topic
 
     def table_name(self, topic: Topic) -> TableName:
@@ -358,18 +365,21 @@ class TopicRegistry:
         old = self._topics.get(topic.name)
         if old is not None and old.version > topic.version:
             return
+        self._changes += 1
         if old is not None:
             self._by_id.pop(old.topic_id, None)
         self._topics[topic.name] = topic
         self._by_id[topic.topic_id] = topic
 
     def _forget(self, name: str) -> None:
+        self._changes += 1
         old = self._topics.pop(name, None)
         if old is not None:
             self._by_id.pop(old.topic_id, None)
 
     async def _reload(self) -> None:
         records = [r async for r in self._metadata.scan_all(TOPICS, prefix_end(TOPICS))]
+        self._changes += 1
         self._topics.clear()
         self._by_id.clear()
         for record in records:
