@@ -12,8 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+from confluent_kafka import Message, Producer
+
 from tests.support.broker import broker_pids, start_icefloe
 from tests.support.servers import free_port
+from tests.support.topics import create_topic
 
 START_LIMIT_S = 45
 """Generous: the point is that serve ends by itself, not how fast (a busy CI machine)."""
@@ -142,6 +145,52 @@ def test_an_unreachable_metadata_store_ends_serve_with_the_section_to_check(
     line = last_line(err)
     assert "unreachable" in line
     assert "[metadata] (etcd)" in line
+    assert "Traceback" not in err
+
+
+def test_an_unreachable_table_catalog_leaves_kafka_served_and_says_so(tmp_path: Path) -> None:
+    """Compaction opens the table catalogs behind the broker's start: a catalog that cannot be
+    reached keeps compaction waiting (and says why), not the Kafka clients."""
+    closed = free_port()  # nothing listens there
+    running = start_icefloe(
+        tmp_path / "data",
+        env={
+            "ICEFLOE_TABLE__FORMATS": '["iceberg"]',
+            "ICEFLOE_TABLE__ICEBERG__CATALOG": "rest",
+            "ICEFLOE_TABLE__ICEBERG__URI": f"http://127.0.0.1:{closed}/catalog",
+        },
+    )
+    try:
+        create_topic(running, "orders")
+        delivered: list[Message] = []
+        producer = Producer({"bootstrap.servers": running.bootstrap})
+        producer.produce(
+            "orders", b"kept", on_delivery=lambda _, message: delivered.append(message)
+        )
+        assert producer.flush(30) == 0
+        assert [m.error() for m in delivered] == [None]
+        assert delivered[0].offset() == 0
+        deadline = time.monotonic() + START_LIMIT_S
+        while "compaction cannot start" not in running.log_path.read_text():
+            assert time.monotonic() < deadline, running.log_path.read_text()[-2000:]
+            time.sleep(0.2)
+        assert str(closed) in running.log_path.read_text()
+    finally:
+        running.stop()
+
+
+def test_a_wrong_table_option_ends_serve_with_the_option(tmp_path: Path) -> None:
+    env = {"ICEFLOE_TABLE__FORMATS": '["iceberg"]', "ICEFLOE_TABLE__ICEBERG__CATALOGUE": "rest"}
+
+    status, out, err = finished(
+        serve(tmp_path, "--port", str(free_port()), "--data-dir", "d", env=env)
+    )
+
+    assert status == 1
+    assert "Icefloe is serving" not in out
+    line = last_line(err)
+    assert "catalogue" in line
+    assert "did you mean 'catalog'?" in line
     assert "Traceback" not in err
 
 

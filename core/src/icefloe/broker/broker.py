@@ -33,6 +33,10 @@ from icefloe.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
+COMPACTOR_RETRY_FIRST_S = 1.0
+COMPACTOR_RETRY_MAX_S = 60.0
+"""Back-off between attempts to open the compactor's backends (a table catalog may be down)."""
+
 
 class Broker:
     """A stateless broker process: everything it knows is in the metadata store and the WAL."""
@@ -150,12 +154,28 @@ class Broker:
         await self.transactions.start()
         self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
         if self.config.compactor.enabled and self.config.compaction.backend:
-            self._compactor = await Compactor.open(self.config, self.storage, self.topics)
-            self._compaction = asyncio.create_task(
-                self._compactor.run(self._stopping), name="compactor"
-            )
+            Compactor.check(self.config)  # a wrong backend or option fails the start
+            # Opening the table formats imports their SDKs, which takes seconds: clients are
+            # served meanwhile (compaction only ever runs behind them).
+            self._compaction = asyncio.create_task(self._compact(), name="compactor")
         log.info("broker %d listening on %s:%d", info.node_id, advertised, bound)
         return info
+
+    async def _compact(self) -> None:
+        """Open the compactor, retrying while a backend cannot be reached, then let it compete
+        for the compaction lease until the broker stops."""
+        delay = COMPACTOR_RETRY_FIRST_S
+        while not self._stopping.is_set():
+            try:
+                self._compactor = await Compactor.open(self.config, self.storage, self.topics)
+                break
+            except Exception as exc:  # noqa: BLE001 - an SDK's own errors (a catalog's HTTP client)
+                log.error("compaction cannot start: %s; trying again in %.0f s", exc, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            delay = min(delay * 2, COMPACTOR_RETRY_MAX_S)
+        if self._compactor is not None:
+            await self._compactor.run(self._stopping)
 
     async def _check_password(self, user: str, password: str) -> bool:
         """Whether ``password`` is ``user``'s, against the stored SCRAM credentials."""

@@ -89,6 +89,17 @@ class Compactor:
         self._reported_backlog: set[str] = set()
         """Topics whose backlog gauges this compactor set (as leader)."""
 
+    @staticmethod
+    def check(config: configuration.Config) -> None:
+        """Find the configured compaction engine and table formats and validate their options,
+        without opening them.
+
+        Raises:
+            ConfigError: a backend is unknown or not installed, or an option is wrong.
+        """
+        configuration.resolve_one(config, CompactionEngine)
+        configuration.resolve(config, TableFormat)
+
     @classmethod
     async def open(
         cls, config: configuration.Config, storage: StreamStorage, topics: TopicRegistry
