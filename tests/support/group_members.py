@@ -47,6 +47,8 @@ class Member:
         self.consumed: list[tuple[int, int, bytes]] = []
         """(partition, offset, value) of every record whose commit succeeded."""
         self.errors: list[str] = []
+        self.redelivered = 0
+        """Records the client handed out again and this member skipped (librdkafka only)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{kind} member", daemon=True)
 
@@ -93,6 +95,8 @@ class Member:
             )
         consumer = Consumer(conf)
         consumer.subscribe([self.topic])
+        committed_to: dict[int, int] = {}
+        """Per partition, the offset after the last record this member committed."""
         try:
             while not self._stop.is_set():
                 message = consumer.poll(0.1)
@@ -100,6 +104,13 @@ class Member:
                 if message is None or message.error():
                     continue
                 partition, offset = message.partition(), message.offset()
+                if partition not in self.assignment or offset < committed_to.get(partition, 0):
+                    # librdkafka's consumer protocol now and then hands out a record of a
+                    # partition it has just given up, or one it has already handed out and
+                    # had committed (its position rewound after a reconciliation); the broker
+                    # sees no second commit of it. An application skips those as this does.
+                    self.redelivered += 1
+                    continue
                 try:
                     consumer.commit(
                         offsets=[TopicPartition(self.topic, partition, offset + 1)],
@@ -109,6 +120,7 @@ class Member:
                     with contextlib.suppress(KafkaException):
                         consumer.seek(TopicPartition(self.topic, partition, offset))
                     continue
+                committed_to[partition] = offset + 1
                 self.consumed.append((partition, offset, message.value()))
         finally:
             consumer.close()
