@@ -58,7 +58,9 @@ def environment(section: str, backend: str, options: dict[str, Any]) -> dict[str
     return env
 
 
-@pytest.mark.parametrize(("section", "backend", "options"), BACKENDS, ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    ("section", "backend", "options"), BACKENDS, ids=[f"{s}-{b}" for s, b, _ in BACKENDS]
+)
 def test_produce_and_consume_through_serve(
     tmp_path: Path, section: str, backend: str, options: Callable[[str], dict[str, Any]]
 ) -> None:
