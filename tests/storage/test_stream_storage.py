@@ -337,17 +337,48 @@ async def test_an_entry_stays_cached_after_the_notice_of_its_own_append(
 
     await eventually(barrier_seen)
     looked_up: list[str] = []
-    real_ceiling = storage.metadata.ceiling
+    real_scan = storage.metadata.scan
 
-    async def counting_ceiling(key: str) -> object:
-        looked_up.append(key)
-        return await real_ceiling(key)
+    async def counting_scan(start: str, end: str, *, limit: int | None = None) -> object:
+        looked_up.append(start)
+        return await real_scan(start, end, limit=limit)
 
-    storage.metadata.ceiling = counting_ceiling  # type: ignore[method-assign, assignment]
+    storage.metadata.scan = counting_scan  # type: ignore[method-assign, assignment]
     assert len(await storage.read_records(stream, 0)) == 3
     # The entry came from the cache; only the log end is asked of the store (absence is
     # never trusted to a cache).
     assert looked_up == [keys.index_search_key(stream, 3 + 1)]
+
+
+async def test_a_reader_catching_up_reads_many_index_entries_per_store_query(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    """Another engine, whose cache holds none of the entries, reads 200 of them: they come
+    a page of entries per query, not one query each."""
+    stream = await storage.create_stream("s")
+    for n in range(200):
+        await storage.append(stream, records(1, tag=f"r{n}-"))
+    queried: list[str] = []
+    metadata = other_storage.metadata
+    real_scan, real_ceiling = metadata.scan, metadata.ceiling
+
+    async def counting_scan(start: str, end: str, *, limit: int | None = None) -> object:
+        queried.append(start)
+        return await real_scan(start, end, limit=limit)
+
+    async def counting_ceiling(key: str) -> object:
+        queried.append(key)
+        return await real_ceiling(key)
+
+    metadata.scan = counting_scan  # type: ignore[method-assign, assignment]
+    metadata.ceiling = counting_ceiling  # type: ignore[method-assign, assignment]
+    read: list[Record] = []
+    while len(read) < 200:
+        read += await other_storage.read_records(stream, len(read))
+
+    assert [r.offset for r in read] == list(range(200))
+    index_queries = [key for key in queried if key.startswith(keys.index_sequence(stream))]
+    assert len(index_queries) <= 200 // index_reader.READ_AHEAD_ENTRIES + 2
 
 
 @pytest.mark.parametrize("target", list(Compression))

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 SCAN_PAGE = 1000
 """Index entries read per request when walking a stream's index."""
+READ_AHEAD_ENTRIES: Final = 64
+"""Entries read from the store on a cache miss: the one wanted and those after it."""
 
 
 _CACHE_HITS: Final = metrics.INDEX_CACHE.labels("hit")
@@ -138,13 +140,20 @@ class IndexReader:
                 _CACHE_HITS.inc()
                 return hit
         _CACHE_MISSES.inc()
-        record = await self._metadata.ceiling(keys.index_search_key(stream_id, offset + 1))
-        first, last = keys.index_range(stream_id)
-        if record is None or not first <= record.key < last:
-            return None
-        entry = index.decode(record.key, record.value)
-        self.remember(entry, record.version)
-        return entry
+        # A miss is usually a reader catching up, who wants the entries after this one next:
+        # they come in the same query, not one store round trip each.
+        _, last = keys.index_range(stream_id)
+        dropped = self._dropped
+        records = await self._metadata.scan(
+            keys.index_search_key(stream_id, offset + 1), last, limit=READ_AHEAD_ENTRIES
+        )
+        entries = [index.decode(record.key, record.value) for record in records]
+        if self._dropped == dropped:
+            # Not cached if entries were removed meanwhile (retention, a compaction swap):
+            # their notifications are past, and nothing would take them out again.
+            for entry, record in zip(entries, records, strict=True):
+                self.remember(entry, record.version)
+        return entries[0] if entries else None
 
     async def entries_from(self, stream_id: int, offset: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` consecutive entries, starting with the one holding ``offset``."""
