@@ -106,3 +106,40 @@ async def test_a_log_start_read_as_records_are_deleted_is_not_kept_past_the_dele
     release.set()
     assert await lookup == 0  # the answer of its moment
     assert await index.log_start_floor(stream) == 2
+
+
+async def test_index_entries_read_ahead_as_others_are_removed_are_not_cached(
+    storage: StreamStorage, other_storage: StreamStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache miss reads the entries after the one wanted too; if entries are removed while
+    that read is under way (retention, a compaction swap), their notifications are already
+    past, so what the read found is used but not kept."""
+    topic = await TopicRegistry(storage).create("orders", 1)
+    stream = topic.streams[0]
+    for n in range(4):
+        await storage.append_batches(stream, build_batch([Record(0, n, None, b"v")]))
+    index = other_storage.index
+    answers: list[object] = []
+    release = asyncio.Event()
+    store_scan = other_storage.metadata.scan
+
+    async def late_scan(start: str, end: str, *, limit: int | None = None) -> object:
+        records = await store_scan(start, end, limit=limit)
+        answers.append(records)
+        await release.wait()
+        return records
+
+    monkeypatch.setattr(other_storage.metadata, "scan", late_scan)
+    lookup = asyncio.create_task(index.entry_for(stream, 0))
+    await eventually(lambda: len(answers) == 1)
+    await storage.delete_records(stream, 2)
+    await asyncio.sleep(0.2)  # time for the reading engine to hear of it
+    release.set()
+    found = await lookup
+    assert found is not None
+    assert found.start == 0  # the answer of its moment
+    release.clear()
+    again = asyncio.create_task(index.entry_for(stream, 1))
+    await eventually(lambda: len(answers) == 2)  # asked of the store: nothing was kept
+    release.set()
+    assert (await again) is not None

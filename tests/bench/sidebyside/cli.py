@@ -67,6 +67,8 @@ class Settings:
     kafka_lib: str
     icefloe_env: dict[str, str]
     """Settings for `icefloe serve` (``ICEFLOE_…`` variables), to compare configurations."""
+    cold_read: bool = False
+    """Icefloe's consumer reads after a restart, from the WAL with nothing cached."""
 
     def plan(self) -> list[tuple[str, str | None]]:
         """(system, Icefloe profile) in the order one round runs them."""
@@ -112,6 +114,11 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         "--no-parquet",
         action="store_true",
         help="skip Icefloe's compaction into Parquet and the consumer reading it",
+    )
+    parser.add_argument(
+        "--cold-read",
+        action="store_true",
+        help="restart Icefloe (compaction held off) before its consumer reads the log",
     )
     parser.add_argument("--kafka-heap", default="1G", help="the Kafka broker's -Xmx (and -Xms)")
     parser.add_argument(
@@ -161,6 +168,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         kafka_heap=args.kafka_heap,
         kafka_lib=args.kafka_lib,
         icefloe_env=icefloe_env,
+        cold_read=args.cold_read,
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     json_path = args.json or ROOT / ".benchmarks" / f"sidebyside-{stamp}.json"
@@ -206,6 +214,11 @@ def producers_and_consumer(
     settings: Settings, java: Java, server: Server, result: dict[str, Any]
 ) -> None:
     """The workloads both systems run, in order: three producers, then one consumer."""
+    producers(settings, java, server, result)
+    consumer(java, server, result)
+
+
+def producers(settings: Settings, java: Java, server: Server, result: dict[str, Any]) -> None:
     records, rate = settings.records, settings.rate
     throttled = int(rate * settings.rate_seconds)
     step(
@@ -226,8 +239,11 @@ def producers_and_consumer(
         server,
         lambda: confluent_producer(server, TOPIC, settings.confluent_records, RECORD_BYTES),
     )
-    total = log_end_total(server, TOPIC, settings.partitions)
-    result["records_in_topic"] = total
+    result["records_in_topic"] = log_end_total(server, TOPIC, settings.partitions)
+
+
+def consumer(java: Java, server: Server, result: dict[str, Any]) -> None:
+    total = result["records_in_topic"]
     step(result, "java_consumer", server, lambda: consumer_performance(java, server, TOPIC, total))
     peaks = [w["server_peak_rss_mib"] for w in result["workloads"].values()]
     result["workloads"]["server"] = {"peak_rss_mib": max(peaks, default=0.0)}
@@ -250,7 +266,15 @@ def icefloe_round(
     server = icefloe_server.start(data, profile, settings.brokers, settings.icefloe_env)
     try:
         create_topic(server.running, TOPIC, settings.partitions)
-        producers_and_consumer(settings, java, server, result)
+        if not settings.cold_read:
+            producers_and_consumer(settings, java, server, result)
+        else:
+            producers(settings, java, server, result)
+            server.stop()
+            # Restarted with compaction held off: the consumer reads the WAL, nothing cached.
+            held_off = settings.icefloe_env | {"ICEFLOE_COMPACTOR__ENABLED": "false"}
+            server = icefloe_server.start(data, profile, settings.brokers, held_off)
+            consumer(java, server, result)
     finally:
         server.stop()
     if not settings.parquet or "records_in_topic" not in result:
