@@ -76,6 +76,38 @@ class TestLocalObjectStore(ObjectStoreContract):
         assert list(store.root.iterdir()) == []
 
     @pytest.mark.asyncio
+    async def test_get_view_reads_from_disk_what_the_page_cache_does_not_hold(
+        self, store: ObjectStore
+    ) -> None:
+        # The event loop copies only what the page cache holds; the rest is read by the pool.
+        assert isinstance(store, LocalObjectStore)
+        data = os.urandom(3 << 20)
+        await store.put("wal/object", data)
+        fd = os.open(store.root / "wal" / "object", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 1 << 20, 0, os.POSIX_FADV_DONTNEED)  # keep only the first MiB
+            try:
+                os.preadv(fd, [bytearray(4096)], 2 << 20, os.RWF_NOWAIT)
+                pytest.skip("this filesystem keeps files in memory: nothing to read from disk")
+            except BlockingIOError:
+                pass
+        finally:
+            os.close(fd)
+
+        view = await store.get_view("wal/object", 100, 3_000_000)
+
+        assert view.tobytes() == data[100:3_000_000]
+        assert await store.get("wal/object") == data
+
+    @pytest.mark.asyncio
+    async def test_get_view_of_a_folder_of_other_keys_is_not_found(
+        self, store: ObjectStore
+    ) -> None:
+        await store.put("a/b", b"x")
+        with pytest.raises(NotFoundError):
+            await store.get_view("a", 0, 1)
+
+    @pytest.mark.asyncio
     async def test_concurrent_puts_and_deletes_in_one_folder_lose_no_object(
         self, store: ObjectStore
     ) -> None:

@@ -195,20 +195,20 @@ async def test_a_read_across_entries_reads_their_wal_objects_at_once(
     for i in range(6):
         await other_storage.append(stream, records(4, tag=f"p{i}"))
     store = storage.wal._store  # type: ignore[attr-defined]
-    get = store.get
+    get_view = store.get_view
     in_flight = most = 0
 
-    async def slow_get(key: str, start: int = 0, end: int | None = None) -> bytes:
+    async def slow_get_view(key: str, start: int = 0, end: int | None = None) -> memoryview:
         nonlocal in_flight, most
         in_flight += 1
         most = max(most, in_flight)
         try:
             await asyncio.sleep(0.01)
-            return await get(key, start, end)
+            return await get_view(key, start, end)
         finally:
             in_flight -= 1
 
-    store.get = slow_get
+    store.get_view = slow_get_view
     result = await storage.read(stream, 0, max_bytes=1 << 20)
 
     assert most == 6
@@ -242,6 +242,46 @@ async def test_streams_read_together_share_one_read_of_their_wal_object(
 
     assert store.stats.requests["GET"] == gets + 1
     assert [comparable(r) for r in read] == [comparable(records(3, tag=f"t{i}")) for i in range(4)]
+
+
+async def test_readers_of_the_same_chunks_at_once_each_get_them_with_their_offsets(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    # Reads of one WAL range at the same moment share one buffer, and a buffer the store
+    # filled for the read is patched where it is: both readers must still see right offsets.
+    stream = await other_storage.create_stream("s")
+    for i in range(3):
+        await other_storage.append(stream, records(4, tag=f"p{i}"))
+    await storage.read(stream, 0)  # index entries cached, so both reads start in one turn
+    expected = [c for i in range(3) for c in comparable(records(4, tag=f"p{i}"))]
+
+    for offset in (0, 4, 5):
+        reads = await asyncio.gather(*(storage.read_records(stream, offset) for _ in range(3)))
+        for read in reads:
+            assert [r.offset for r in read] == list(range(offset, 12))
+            assert comparable(read) == expected[offset:]
+
+
+async def test_reading_this_process_recent_wal_objects_leaves_them_as_written(
+    storage: StreamStorage,
+) -> None:
+    # Tail reads are answered from the WAL objects this process wrote, kept in memory: their
+    # bytes must be copied to be patched, never patched in place for the next reader.
+    first = await storage.create_stream("a")
+    second = await storage.create_stream("b")
+    await storage.append(first, records(3, tag="a"))
+    await storage.append(second, records(5, tag="b"))
+    await storage.append(first, records(2, tag="c"))
+    recent = storage._reader._recent  # type: ignore[attr-defined]
+    held = {ref: bytes(data) for ref, data in recent._objects.items()}  # type: ignore[attr-defined]
+    assert held
+
+    for _ in range(2):
+        read = await storage.read_records(first, 0)
+        assert [r.offset for r in read] == list(range(5))
+        assert [r.offset for r in await storage.read_records(second, 1)] == list(range(1, 5))
+
+    assert {ref: bytes(data) for ref, data in recent._objects.items()} == held  # type: ignore[attr-defined]
 
 
 async def test_a_read_stops_at_its_limit_even_when_entries_are_read_at_once(

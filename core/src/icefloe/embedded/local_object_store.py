@@ -13,7 +13,11 @@ filesystem, so that the finished file can be moved or linked into place atomical
 The data is fsync-ed before the commit and the folder after it, so a returned put survives a
 crash. A writer that dies mid-write leaves only a temporary file, removed by a later ``open``.
 
-Blocking file I/O runs on a bounded thread pool (``io_threads``), never on the event loop.
+Blocking file I/O runs on a bounded thread pool (``io_threads``). One exception: a ranged
+read for ``get_view`` (how WAL chunks are read for fetches) first copies what the page cache
+holds on the event loop, with ``RWF_NOWAIT`` so that it never waits for the disk; only a range
+not cached goes to the pool. A handoff to a thread and back costs more than copying a
+megabyte, and both threads want the GIL the moment the other lets it go.
 
 Known limit of a filesystem: a key cannot also be a folder of other keys (``a`` and ``a/b``
 cannot both exist); such a write fails with :class:`~icefloe.errors.StorageError`.
@@ -30,8 +34,9 @@ import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import IO, Final, Self, TypeVar, TypeVarTuple, Unpack
+from typing import IO, Any, Final, Self, TypeVar, TypeVarTuple, Unpack
 
+import numpy as np
 from pydantic import Field
 
 from icefloe.adapters.blocking import BlockingSdk
@@ -51,6 +56,13 @@ Ts = TypeVarTuple("Ts")
 TEMP_FOLDER_SUFFIX: Final = ".icefloe-tmp"
 STALE_TEMP_SECONDS: Final = 24 * 3600
 """A temporary file untouched this long belongs to a dead writer (live ones write or commit)."""
+
+_READ_FROM_CACHE_AT_ONCE: Final = 8 << 20
+"""Most bytes a ranged read copies from the page cache on the event loop (about a
+millisecond's work); a larger one goes to the thread pool whole."""
+_NOWAIT: Final = getattr(os, "RWF_NOWAIT", None)
+"""preadv's flag to read only what the page cache holds (Linux); without it every read goes
+to the thread pool."""
 
 _COMMIT_ATTEMPTS: Final = 64
 _LIST_PAGE: Final = 1000
@@ -152,6 +164,62 @@ class LocalObjectStore(ObjectStore):
             return data
         finally:
             self.stats.record(RequestKind.GET, len(data))
+
+    async def _get_view(self, key: str, start: int, end: int | None) -> memoryview:
+        self._check_open()
+        filled = 0
+        try:
+            cached, filled = self._read_cached(key, start, end) or (None, 0)
+            if cached is not None and filled == len(cached):
+                return cached
+            read, filled = await self._run(self._read_into, key, start, end, cached, filled)
+            return read[:filled]
+        finally:
+            self.stats.record(RequestKind.GET, filled)
+
+    def _read_cached(self, key: str, start: int, end: int | None) -> tuple[memoryview, int] | None:
+        """The range in a new buffer, filled from its start as far as the page cache holds it
+        (on the event loop, never waiting for the disk); ``None`` if the pool must read it
+        all: too large, nothing cached, or any error (which the pool's read then reports)."""
+        if _NOWAIT is None or end is None or end - start > _READ_FROM_CACHE_AT_ONCE:
+            return None
+        try:
+            fd = os.open(self._path_of(key), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            buffer = _buffer_for(fd, start, end)
+            if not len(buffer):
+                return buffer, 0
+            return buffer, os.preadv(fd, [buffer], start, _NOWAIT)
+        except OSError:  # EAGAIN: not in the page cache
+            return None
+        finally:
+            os.close(fd)
+
+    def _read_into(
+        self, key: str, start: int, end: int | None, buffer: memoryview | None, filled: int
+    ) -> tuple[memoryview, int]:
+        """Read the range into ``buffer`` (a new one if ``None``) from ``filled`` on; the
+        buffer and how much of it holds the object's bytes (less at the object's end)."""
+        try:
+            fd = os.open(self._path_of(key), os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise NotFoundError(f"object {key!r} does not exist") from exc
+        try:
+            if buffer is None:
+                buffer = _buffer_for(fd, start, end)
+            while filled < len(buffer):
+                try:
+                    read = os.preadv(fd, [buffer[filled:]], start + filled)
+                except IsADirectoryError as exc:  # a folder of other keys opens, not reads
+                    raise NotFoundError(f"object {key!r} does not exist") from exc
+                if not read:
+                    break  # the object shrank: it was replaced by a shorter one
+                filled += read
+            return buffer, filled
+        finally:
+            os.close(fd)
 
     async def _get_stream(self, key: str, chunk_size: int) -> AsyncIterator[bytes]:
         self._check_open()
@@ -450,3 +518,13 @@ def _folder_conflict(key: str) -> StorageError:
         f"object key {key!r} clashes with a folder of other keys: the local object store "
         "cannot hold both 'a' and 'a/b'"
     )
+
+
+def _buffer_for(fd: int, start: int, end: int | None) -> memoryview:
+    """An uninitialised buffer for bytes ``[start, end)`` of the open file, clipped at its
+    size: a read fills it, so zeroing it first (as ``bytearray(n)`` does) would be wasted
+    work."""
+    size = os.fstat(fd).st_size
+    stop = size if end is None else min(end, size)
+    array: Any = np.empty(max(0, stop - start), dtype=np.uint8)  # numpy's stubs lack Buffer
+    return memoryview(array)

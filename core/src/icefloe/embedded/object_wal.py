@@ -83,10 +83,12 @@ class ObjectWAL(WAL):
         await self._store.put(self._folder + ref, data, if_absent=True)
         return ref
 
-    async def _read(self, ref: str, start: int, end: int | None) -> bytes:
+    async def _read(self, ref: str, start: int, end: int | None) -> memoryview:
         self._check_open()
         try:
-            return await self._store.get(self._key_of(ref), start, end)
+            # A view: readers pass WAL bytes on into fetch responses, and a store that reads
+            # into a buffer of its own then spares a copy.
+            return await self._store.get_view(self._key_of(ref), start, end)
         except NotFoundError as exc:
             raise NotFoundError(f"WAL object {ref!r} does not exist") from exc
 

@@ -17,8 +17,11 @@ Writes
 
 Reads
     ``get(key, start, end)`` returns bytes ``[start, min(end, size))``; ``start >= size``
-    returns ``b""``. ``get_stream`` yields an object in chunks. A missing key raises
-    :class:`~icefloe.errors.NotFoundError`; ``head`` returns ``None`` instead.
+    returns ``b""``. ``get_view`` returns the same bytes as a ``memoryview``, which a store may
+    fill for the call instead of copying (a writable view is the caller's to change); by
+    default it views what ``get`` returns. ``get_stream`` yields an object in chunks. A
+    missing key raises :class:`~icefloe.errors.NotFoundError`; ``head`` returns ``None``
+    instead.
 
 Deletes
     ``delete`` is idempotent: deleting a missing key is not an error.
@@ -166,6 +169,21 @@ class ObjectStore(Port):
             return b""
         return await self._get(key, start, end)
 
+    async def get_view(self, key: str, start: int = 0, end: int | None = None) -> memoryview:
+        """:meth:`get` for a reader that passes the bytes on (into a fetch response) rather
+        than keep them: a store may answer with a buffer it filled for this call instead of
+        a ``bytes`` copy of it. A writable view is the caller's to change.
+
+        Raises:
+            NotFoundError: no object has the key.
+        """
+        validate_key(key)
+        if start < 0 or (end is not None and end < start):
+            raise ValueError(f"invalid byte range [{start}, {end})")
+        if end == start:
+            return memoryview(b"")
+        return await self._get_view(key, start, end)
+
     def get_stream(self, key: str, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> AsyncIterator[bytes]:
         """Yield the object in chunks of at most ``chunk_size`` bytes."""
         validate_key(key)
@@ -218,6 +236,9 @@ class ObjectStore(Port):
     async def _put_stream(
         self, key: str, chunks: AsyncIterable[bytes | bytearray | memoryview], if_absent: bool
     ) -> ObjectInfo: ...
+
+    async def _get_view(self, key: str, start: int, end: int | None) -> memoryview:
+        return memoryview(await self._get(key, start, end))
 
     @abc.abstractmethod
     async def _get(self, key: str, start: int, end: int | None) -> bytes: ...

@@ -6,8 +6,10 @@ Contract (executable form: ``icefloe.testing.wal_contract``):
   of at most 512 bytes) that the caller stores in the offset index. Two appends never return
   the same reference. A failed append may leave an unreferenced object behind (an orphan); it
   never makes a reference readable with other bytes.
-- ``read(ref, start, end)`` returns bytes ``[start, min(end, size))`` of what was appended;
-  an unknown or deleted reference raises :class:`~icefloe.errors.NotFoundError`.
+- ``read(ref, start, end)`` returns bytes ``[start, min(end, size))`` of what was appended,
+  as ``bytes`` or as a ``memoryview`` of a buffer filled for the call (a writable one is the
+  caller's to change); an unknown or deleted reference raises
+  :class:`~icefloe.errors.NotFoundError`.
 - ``delete(ref)`` is idempotent.
 - ``list()`` enumerates every stored object with its size and creation time, for garbage
   collection of orphans and released objects; an object's creation time never lies in its
@@ -56,8 +58,8 @@ class WAL(Port):
             raise ValueError("a WAL object must be non-empty bytes")
         return await self._append(data)
 
-    async def read(self, ref: str, start: int = 0, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of the object ``ref``."""
+    async def read(self, ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of the object ``ref`` (see the module docstring)."""
         validate_ref(ref)
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"invalid byte range [{start}, {end})")
@@ -78,7 +80,7 @@ class WAL(Port):
     async def _append(self, data: bytes | bytearray | memoryview) -> str: ...
 
     @abc.abstractmethod
-    async def _read(self, ref: str, start: int, end: int | None) -> bytes: ...
+    async def _read(self, ref: str, start: int, end: int | None) -> bytes | memoryview: ...
 
     @abc.abstractmethod
     async def _delete(self, ref: str) -> None: ...

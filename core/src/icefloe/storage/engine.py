@@ -331,7 +331,7 @@ class StreamStorage:
         return await self._orphans.collect()
 
 
-def _decode_all(data: bytes | bytearray) -> list[Record]:
+def _decode_all(data: bytes | bytearray | memoryview) -> list[Record]:
     out: list[Record] = []
     view = memoryview(data)
     position = 0

@@ -59,6 +59,9 @@ class _Chunk:
     whole_entry: bool
     """The batches reach the entry's end (no limit cut them)."""
     data: asyncio.Future[bytes | memoryview]
+    read_for_us: bool
+    """Read from the WAL for this read (and any read of the same bytes at the same moment),
+    not a view of a cache: a writable buffer may be patched where it is."""
 
 
 @dataclass(eq=False, slots=True)
@@ -76,9 +79,9 @@ class _Run:
     """A byte limit stopped the run: more records may follow."""
 
 
-async def _land(chunks: list[_Chunk], out: bytearray) -> _Chunk | None:
-    """Append the chunks' bytes to ``out`` in order, base offsets patched. A chunk whose
-    object is gone stops it: that chunk is returned, and the reads after it are cancelled."""
+async def _land(chunks: list[_Chunk], pieces: _Pieces) -> _Chunk | None:
+    """Add the chunks' bytes to ``pieces`` in order. A chunk whose object is gone stops it:
+    that chunk is returned, and the reads after it are cancelled."""
     try:
         for i, chunk in enumerate(chunks):
             try:
@@ -86,14 +89,62 @@ async def _land(chunks: list[_Chunk], out: bytearray) -> _Chunk | None:
             except NotFoundError:
                 _cancel(chunks[i + 1 :])
                 return chunk
-            mark = len(out)
-            out += data  # the one copy, into the response
-            del data
-            batches.patch_base_offsets_into(out, mark, len(out), chunk.base_offset)
+            pieces.add(data, chunk.base_offset, chunk.read_for_us)
         return None
     except BaseException:
         _cancel(chunks)
         raise
+
+
+class _Pieces:
+    """The batches of one read, as the buffers they came in, joined once at the end: a buffer
+    grown chunk by chunk is copied again each time it outgrows its memory."""
+
+    __slots__ = ("_items", "size")
+
+    def __init__(self) -> None:
+        self._items: list[tuple[bytes | memoryview, int | None, bool]] = []
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, data: bytes | memoryview, base_offset: int | None, own: bool = False) -> None:
+        """Add batches; ``base_offset`` is patched into them from the first on (``None``: their
+        offsets are right already); ``own``: ``data`` may be patched where it is."""
+        self._items.append((data, base_offset, own))
+        self.size += len(data)
+
+    def mark(self) -> int:
+        return len(self._items)
+
+    def drop_from(self, mark: int) -> None:
+        """Forget the pieces added since :meth:`mark` returned ``mark``."""
+        del self._items[mark:]
+        self.size = sum(len(data) for data, _, _ in self._items)
+
+    def join(self) -> bytes | bytearray | memoryview:
+        """The batches in one buffer, base offsets patched. A lone piece is not copied when it
+        needs no patch, or may be patched where it is (a fetch of one partition's next chunk,
+        the common case).
+
+        Raises:
+            CorruptDataError: a WAL chunk is not whole batches or fails its CRC.
+        """
+        if len(self._items) == 1:
+            data, base_offset, own = self._items[0]
+            if base_offset is None:
+                return data
+            if own and isinstance(data, memoryview) and not data.readonly:
+                batches.patch_base_offsets_into(data, 0, len(data), base_offset)
+                return data
+        out = bytearray().join([data for data, _, _ in self._items])
+        position = 0
+        for data, base_offset, _ in self._items:
+            if base_offset is not None:
+                batches.patch_base_offsets_into(out, position, position + len(data), base_offset)
+            position += len(data)
+        return out
 
 
 def _cancel(chunks: list[_Chunk]) -> None:
@@ -109,7 +160,7 @@ def _cancel(chunks: list[_Chunk]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    data: bytes | bytearray
+    data: bytes | bytearray | memoryview
     """Whole record batches, base offsets patched; the first holds the requested offset."""
     next_offset: int
     """The offset after the last record returned (the next read starts here)."""
@@ -166,7 +217,7 @@ class StreamReader:
                 await self._index.log_start(stream_id),
                 await self._index.log_end(stream_id),
             )
-        out = bytearray()
+        out = _Pieces()
         position = offset
         lookups = MAX_ENTRIES_PER_READ
         while lookups > 0:
@@ -182,13 +233,13 @@ class StreamReader:
             if run.parquet is not None:
                 location = run.parquet.location
                 assert isinstance(location, ParquetLocation)
-                mark = len(out)
+                mark = out.mark()
                 try:
                     position, complete = await self._read_parquet(
                         location, run.parquet.end, position, out, max_bytes
                     )
                 except NotFoundError:
-                    del out[mark:]
+                    out.drop_from(mark)
                     await self._check_replaced(run.parquet, position)
                     continue
                 if not complete or len(out) >= max_bytes:
@@ -197,10 +248,10 @@ class StreamReader:
             if run.log_ends:
                 if not out:
                     await self._check_range(stream_id, offset, run.next_entry)
-                return ReadResult(out, position)
+                return ReadResult(out.join(), position)
             if run.limited:
                 break
-        return ReadResult(out, position, truncated=True)
+        return ReadResult(out.join(), position, truncated=True)
 
     async def _start_run(
         self, stream_id: int, offset: int, size: int, max_bytes: int, lookups: int
@@ -263,6 +314,7 @@ class StreamReader:
         else:
             data = self._reads.read(location.ref, first, last)
         return _Chunk(
+            read_for_us=cached is None,
             entry=entry,
             first_offset=offset,
             base_offset=entry.start + head.offset_delta,
@@ -287,7 +339,7 @@ class StreamReader:
             )
 
     async def _read_parquet(
-        self, location: ParquetLocation, end: int, offset: int, out: bytearray, max_bytes: int
+        self, location: ParquetLocation, end: int, offset: int, out: _Pieces, max_bytes: int
     ) -> tuple[int, bool]:
         """Append the batches of a data file holding offsets up to ``end``, from ``offset`` on,
         to ``out`` while it stays within ``max_bytes`` (its first batch always, if ``out`` is
@@ -313,7 +365,8 @@ class StreamReader:
             first = rebuilt.first_batch_for(offset)
             after = rebuilt.batches_within(first, max_bytes - len(out), not out)
             if after > first:
-                out += memoryview(rebuilt.data)[rebuilt.positions[first] : rebuilt.positions[after]]
+                span = memoryview(rebuilt.data)[rebuilt.positions[first] : rebuilt.positions[after]]
+                out.add(span, None)  # shared with other readers: never changed
                 next_offset = rebuilt.next_offsets[after - 1]
             if after < rebuilt.batch_count:
                 return next_offset, False

@@ -293,7 +293,7 @@ def transactional_producers(data: bytes | bytearray | memoryview) -> set[int]:
     return found
 
 
-def cut_before(data: bytes | bytearray, offset: int) -> bytes | bytearray:
+def cut_before(data: bytes | bytearray | memoryview, offset: int) -> bytes | bytearray | memoryview:
     """``data`` without the batches that start at or after ``offset``."""
     for position, _, base, _ in _batches(data):
         if base >= offset:

@@ -275,6 +275,31 @@ class ObjectStoreContract(Contract):
         with pytest.raises(NotFoundError):
             await store.get("missing", 2, 5)
 
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize(
+        ("start", "end", "expected"),
+        [(0, 4, b"0123"), (3, 7, b"3456"), (7, 100, b"789"), (6, None, b"6789"), (10, 15, b"")],
+    )
+    async def test_get_view_holds_what_get_returns(
+        self, digits: ObjectStore, start: int, end: int | None, expected: bytes
+    ) -> None:
+        view = await digits.get_view("digits", start, end)
+        assert isinstance(view, memoryview)
+        assert view.tobytes() == expected
+
+    @pytest.mark.asyncio
+    async def test_get_view_of_missing_key_raises_not_found(self, store: ObjectStore) -> None:
+        with pytest.raises(NotFoundError):
+            await store.get_view("missing", 2, 5)
+
+    @pytest.mark.asyncio
+    async def test_a_writable_view_is_the_readers_own(self, digits: ObjectStore) -> None:
+        view = await digits.get_view("digits", 2, 6)
+        if not view.readonly:
+            view[:] = b"xxxx"
+        assert await digits.get("digits") == b"0123456789"
+        assert (await digits.get_view("digits", 2, 6)).tobytes() == b"2345"
+
     # --- head -------------------------------------------------------------------------------
 
     @pytest.mark.asyncio

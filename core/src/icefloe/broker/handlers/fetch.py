@@ -58,7 +58,7 @@ class _Partition:
     max_bytes: int
     stream_id: int | None = None
     error: ErrorCode = ErrorCode.none
-    data: bytes | bytearray = b""
+    data: bytes | bytearray | memoryview = b""
     next_offset: int = 0
     """Where the next read of this partition starts."""
     empty_log: bool = False
@@ -291,7 +291,7 @@ async def _read_part(
 
 
 def _append(target: _Partition, result: ReadResult) -> None:
-    target.data = result.data if not target.data else target.data + result.data
+    target.data = result.data if not target.data else b"".join((target.data, result.data))
     target.next_offset = result.next_offset
 
 
