@@ -299,6 +299,35 @@ async def test_a_read_stops_at_its_limit_even_when_entries_are_read_at_once(
     assert len(result.data) == 2 * one_entry
 
 
+async def test_a_long_index_walk_lets_other_tasks_run_within_a_page(
+    storage: StreamStorage,
+) -> None:
+    # The compactor walks every stream's backlog: decoding a whole page of entries in one
+    # turn of the event loop held every client's requests for tens of milliseconds.
+    stream = await storage.create_stream("s")
+    for i in range(3 * index_reader.ENTRIES_PER_TURN):
+        await storage.append(stream, records(1, tag=f"p{i}"))
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    seen = []
+    try:
+        async for _ in storage.index.entries(stream):  # one page: no store query in between
+            seen.append(ticks)
+    finally:
+        ticker.cancel()
+
+    per_turn = index_reader.ENTRIES_PER_TURN
+    assert len(seen) == 3 * per_turn
+    assert seen[0] == seen[per_turn - 1] < seen[per_turn] == seen[2 * per_turn - 1] < seen[-1]
+
+
 async def test_index_entries_are_read_page_by_page_in_order(
     storage: StreamStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,6 +29,10 @@ SCAN_PAGE = 1000
 """Index entries read per request when walking a stream's index."""
 READ_AHEAD_ENTRIES: Final = 64
 """Entries read from the store on a cache miss: the one wanted and those after it."""
+ENTRIES_PER_TURN: Final = 64
+"""Entries a walk of an index decodes before it lets the event loop run other tasks: a page
+decoded at once held the loop for tens of milliseconds (the compactor's planning walks every
+stream's backlog in the WAL), and produce requests waited behind it."""
 
 
 _CACHE_HITS: Final = metrics.INDEX_CACHE.labels("hit")
@@ -249,8 +253,12 @@ class IndexReader:
             keys.index_search_key(stream_id, after_end + 1),
             keys.index_range(stream_id)[1],
         )
+        decoded = 0
         async for record in self._metadata.scan_all(start, last, page=SCAN_PAGE):
             yield index.decode(record.key, record.value)
+            decoded += 1
+            if decoded % ENTRIES_PER_TURN == 0:
+                await asyncio.sleep(0)
 
     async def scan(self, stream_id: int, after_end: int = 0) -> list[IndexEntry]:
         """:meth:`entries` as a list, for callers that need them all at once."""
