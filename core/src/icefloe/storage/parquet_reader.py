@@ -35,7 +35,7 @@ class _SparseFile(io.RawIOBase):
         self._ranges: list[tuple[int, memoryview]] = []
         self._position = 0
 
-    def add(self, start: int, data: bytes) -> None:
+    def add(self, start: int, data: bytes | memoryview) -> None:
         self._ranges.append((start, memoryview(data)))
 
     def readable(self) -> bool:
@@ -114,7 +114,8 @@ class ParquetRangeReader:
         sparse.add(tail_start, tail)
         for start, end in _column_chunk_ranges(metadata, row_groups):
             if start < tail_start:
-                sparse.add(start, await self._store.get(key, start, min(end, tail_start)))
+                # A view: pyarrow decodes from it and the bytes are not kept after.
+                sparse.add(start, await self._store.get_view(key, start, min(end, tail_start)))
         return FetchedRowGroups(sparse, metadata, row_groups)
 
     async def metadata(self, key: str, size: int) -> pq.FileMetaData:
