@@ -114,7 +114,7 @@ class ParquetRangeReader:
         sparse.add(tail_start, tail)
         for start, end in _column_chunk_ranges(metadata, row_groups):
             if start < tail_start:
-                # A view: pyarrow decodes from it and the bytes are not kept after.
+                # A view: a store that reads into a buffer of its own spares a copy.
                 sparse.add(start, await self._store.get_view(key, start, min(end, tail_start)))
         return FetchedRowGroups(sparse, metadata, row_groups)
 
