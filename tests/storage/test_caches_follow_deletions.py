@@ -5,7 +5,6 @@ later notification would take it away again."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
@@ -13,14 +12,7 @@ from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record, build_batch
 from icefloe.storage.transactions import OpenMark
 from icefloe.topics.registry import TopicRegistry
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    for _ in range(250):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("not within 5 s")
+from tests.support.waiting import eventually
 
 
 def delay_first_answer(

@@ -4,8 +4,7 @@ and the last stable offset each partition reports."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -19,6 +18,7 @@ from icefloe.topics.registry import TopicRegistry
 from icefloe.transactions import coordinator as coordinators
 from icefloe.transactions.coordinator import TransactionCoordinator, TransactionError
 from icefloe.transactions.state import Status
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -48,14 +48,6 @@ async def write(storage: StreamStorage, registry_topic: str, pid: int, epoch: in
         is_transactional=True,
     )
     return await storage.append_batches(topic.streams[0], batch)
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    for _ in range(250):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("not within 5 s")
 
 
 async def stream_of(storage: StreamStorage, topic: str, partition: int = 0) -> int:

@@ -3,8 +3,7 @@ store that every broker caches."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from icefloe.security.acls import (
 )
 from icefloe.security.authorizer import Authorizer
 from icefloe.security.tls import certificate_principal
+from tests.support.waiting import eventually
 
 TOPIC = ResourceType.TOPIC
 ALICE = "User:alice"
@@ -155,14 +155,6 @@ async def metadata(tmp_path: Path) -> AsyncIterator[MetadataStore]:
     )
     yield store
     await store.close()
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    for _ in range(250):  # the cache follows the store's watch within 5 s
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the cache did not follow the store")
 
 
 async def test_acls_added_through_one_broker_apply_on_another(metadata: MetadataStore) -> None:

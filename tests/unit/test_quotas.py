@@ -4,8 +4,7 @@ caches."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgpack
@@ -31,6 +30,7 @@ from icefloe.security.quotas import (
     validated_entity,
     validated_value,
 )
+from tests.support.waiting import eventually
 
 N, WINDOW = 11, 1.0  # Kafka's defaults: 11 samples of a second
 
@@ -332,14 +332,6 @@ async def metadata(tmp_path: Path) -> AsyncIterator[MetadataStore]:
     )
     yield store
     await store.close()
-
-
-async def eventually(check: Callable[[], bool]) -> None:
-    for _ in range(250):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("the cache did not follow the store")
 
 
 async def test_a_quota_set_through_one_broker_applies_on_another(metadata: MetadataStore) -> None:

@@ -202,10 +202,7 @@ class LocalObjectStore(ObjectStore):
     ) -> tuple[memoryview, int]:
         """Read the range into ``buffer`` (a new one if ``None``) from ``filled`` on; the
         buffer and how much of it holds the object's bytes (less at the object's end)."""
-        try:
-            fd = os.open(self._path_of(key), os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-            raise NotFoundError(f"object {key!r} does not exist") from exc
+        fd = self._open_descriptor(key)
         try:
             if buffer is None:
                 buffer = _buffer_for(fd, start, end)
@@ -347,13 +344,16 @@ class LocalObjectStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise NotFoundError(f"object {key!r} does not exist") from exc
 
-    def _read_range(self, key: str, start: int, end: int | None) -> bytes:
+    def _open_descriptor(self, key: str) -> int:
         # A bare descriptor and pread: a catch-up read makes many of these, and an io.FileIO
         # with its buffered reader costs more than the system calls themselves.
         try:
-            fd = os.open(self._path_of(key), os.O_RDONLY | os.O_CLOEXEC)
+            return os.open(self._path_of(key), os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise NotFoundError(f"object {key!r} does not exist") from exc
+
+    def _read_range(self, key: str, start: int, end: int | None) -> bytes:
+        fd = self._open_descriptor(key)
         try:
             if end is None:
                 end = max(start, os.fstat(fd).st_size)

@@ -112,6 +112,12 @@ def validate_key(key: str) -> None:
         raise ValueError(f"object key has an empty, '.' or '..' segment: {key!r}")
 
 
+def validate_range(key: str, start: int, end: int | None) -> None:
+    validate_key(key)
+    if start < 0 or (end is not None and end < start):
+        raise ValueError(f"invalid byte range [{start}, {end})")
+
+
 def validate_prefix(prefix: str) -> None:
     if not isinstance(prefix, str):
         raise ValueError(f"object prefix must be a str, got {prefix!r}")
@@ -162,9 +168,7 @@ class ObjectStore(Port):
         Raises:
             NotFoundError: no object has the key.
         """
-        validate_key(key)
-        if start < 0 or (end is not None and end < start):
-            raise ValueError(f"invalid byte range [{start}, {end})")
+        validate_range(key, start, end)
         if end == start:
             return b""
         return await self._get(key, start, end)
@@ -177,9 +181,7 @@ class ObjectStore(Port):
         Raises:
             NotFoundError: no object has the key.
         """
-        validate_key(key)
-        if start < 0 or (end is not None and end < start):
-            raise ValueError(f"invalid byte range [{start}, {end})")
+        validate_range(key, start, end)
         if end == start:
             return memoryview(b"")
         return await self._get_view(key, start, end)
