@@ -244,6 +244,32 @@ async def test_streams_read_together_share_one_read_of_their_wal_object(
     assert [comparable(r) for r in read] == [comparable(records(3, tag=f"t{i}")) for i in range(4)]
 
 
+async def test_a_read_does_not_hold_the_parts_of_a_shared_read_it_did_not_ask_for(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    # Four streams read together share one ranged read of their WAL object. A fetch response
+    # holding a view of that buffer would hold all four streams' bytes while the broker's
+    # memory budget counts one: each read gets a copy of its own part instead.
+    streams = [await other_storage.create_stream(f"s{i}") for i in range(4)]
+    await asyncio.gather(
+        *[
+            await other_storage.submit_batches(s, build_batch(records(3, tag=f"t{i}")))
+            for i, s in enumerate(streams)
+        ]
+    )
+    for s in streams:
+        await storage.read(s, 0)  # index entries cached, so the four reads start in one turn
+
+    results = await asyncio.gather(*(storage.read(s, 0) for s in streams))
+
+    for result in results:
+        data = result.data
+        if isinstance(data, memoryview) and data.obj is not None:
+            assert 2 * data.nbytes >= memoryview(data.obj).nbytes
+        assert read_header(data, 0).base_offset == 0
+        assert result.next_offset == 3
+
+
 async def test_readers_of_the_same_chunks_at_once_each_get_them_with_their_offsets(
     storage: StreamStorage, other_storage: StreamStorage
 ) -> None:

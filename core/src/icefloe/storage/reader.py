@@ -124,20 +124,20 @@ class _Pieces:
         self.size = sum(len(data) for data, _, _ in self._items)
 
     def join(self) -> bytes | bytearray | memoryview:
-        """The batches in one buffer, base offsets patched. A lone piece is not copied when it
-        needs no patch, or may be patched where it is (a fetch of one partition's next chunk,
-        the common case).
+        """The batches in one buffer, base offsets patched. A lone piece that is most of its
+        buffer is not copied when it needs no patch or may be patched where it is.
 
         Raises:
             CorruptDataError: a WAL chunk is not whole batches or fails its CRC.
         """
         if len(self._items) == 1:
             data, base_offset, own = self._items[0]
-            if base_offset is None:
-                return data
-            if own and isinstance(data, memoryview) and not data.readonly:
-                batches.patch_base_offsets_into(data, 0, len(data), base_offset)
-                return data
+            if _mostly_its_buffer(data):
+                if base_offset is None:
+                    return data
+                if own and isinstance(data, memoryview) and not data.readonly:
+                    batches.patch_base_offsets_into(data, 0, len(data), base_offset)
+                    return data
         out = bytearray().join([data for data, _, _ in self._items])
         position = 0
         for data, base_offset, _ in self._items:
@@ -145,6 +145,15 @@ class _Pieces:
                 batches.patch_base_offsets_into(out, position, position + len(data), base_offset)
             position += len(data)
         return out
+
+
+def _mostly_its_buffer(data: bytes | memoryview) -> bool:
+    """Whether ``data`` is at least half of the buffer it views. A response holding a view
+    holds its whole buffer (a span read for several partitions, a rebuilt row group), while
+    the broker's memory budget counts only the view: a small view is copied instead."""
+    if not isinstance(data, memoryview) or data.obj is None:
+        return True
+    return 2 * data.nbytes >= memoryview(data.obj).nbytes
 
 
 def _cancel(chunks: list[_Chunk]) -> None:
