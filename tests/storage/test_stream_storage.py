@@ -219,18 +219,24 @@ async def test_a_read_across_entries_reads_their_wal_objects_at_once(
     assert comparable(read) == [c for i in range(6) for c in comparable(records(4, tag=f"p{i}"))]
 
 
+async def four_streams_in_one_wal_object(writer: StreamStorage) -> list[int]:
+    """Four streams of three records each, their chunks flushed together in one WAL object."""
+    streams = [await writer.create_stream(f"s{i}") for i in range(4)]
+    await asyncio.gather(
+        *[
+            await writer.submit_batches(s, build_batch(records(3, tag=f"t{i}")))
+            for i, s in enumerate(streams)
+        ]
+    )
+    return streams
+
+
 async def test_streams_read_together_share_one_read_of_their_wal_object(
     storage: StreamStorage, other_storage: StreamStorage
 ) -> None:
     # Four streams' chunks flushed in one WAL object: four readers at once (the partitions of
     # one fetch) cost one ranged read of the object, not four.
-    streams = [await other_storage.create_stream(f"s{i}") for i in range(4)]
-    await asyncio.gather(
-        *[
-            await other_storage.submit_batches(s, build_batch(records(3, tag=f"t{i}")))
-            for i, s in enumerate(streams)
-        ]
-    )
+    streams = await four_streams_in_one_wal_object(other_storage)
     entries = [e for s in streams for e in await storage.index.scan(s)]
     assert len({e.location.ref for e in entries}) == 1  # type: ignore[union-attr]
     for s in streams:  # the index entries, as a broker holds them once it has read a stream
@@ -250,13 +256,7 @@ async def test_a_read_does_not_hold_the_parts_of_a_shared_read_it_did_not_ask_fo
     # Four streams read together share one ranged read of their WAL object. A fetch response
     # holding a view of that buffer would hold all four streams' bytes while the broker's
     # memory budget counts one: each read gets a copy of its own part instead.
-    streams = [await other_storage.create_stream(f"s{i}") for i in range(4)]
-    await asyncio.gather(
-        *[
-            await other_storage.submit_batches(s, build_batch(records(3, tag=f"t{i}")))
-            for i, s in enumerate(streams)
-        ]
-    )
+    streams = await four_streams_in_one_wal_object(other_storage)
     for s in streams:
         await storage.read(s, 0)  # index entries cached, so the four reads start in one turn
 
