@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import ctypes
 import errno
-import gc
 import logging
 import multiprocessing
 import signal
@@ -32,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 from icefloe.broker.broker import Broker
+from icefloe.broker.long_lived import freeze_long_lived, freeze_new_imports
 from icefloe.config import Config
 from icefloe.errors import ConfigError, PluginError, UnavailableError
 
@@ -97,7 +97,8 @@ def run_broker(
             return 1
         # What exists now (modules, schemas, plugins) lives as long as the process: keep it out
         # of the collector's full passes, which otherwise stall the loop for 100-200 ms each.
-        gc.freeze()
+        freeze_long_lived()
+        freezer = asyncio.create_task(freeze_new_imports(), name="freeze-new-imports")
         registry = broker.schema_registry_port
         report.send(
             (
@@ -108,6 +109,7 @@ def run_broker(
         try:
             await stop.wait()
         finally:
+            freezer.cancel()
             await broker.stop()
         return 0
 
