@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from crc32c import crc32c
@@ -13,7 +15,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import ConflictError, NotFoundError
-from icefloe.storage import index_reader, keys
+from icefloe.storage import index_reader, keys, walformat
 from icefloe.storage.batch import ATTRIBUTES_AT, CRC_AT, BatchError, Compression, read_header
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange
@@ -576,3 +578,30 @@ async def test_a_busy_writer_still_seals_objects_of_bounded_size(tmp_path: Path)
     assert len(sizes) > 2
     assert max(sizes[1:]) <= 8 * 1024 + 2 * batch  # the cap, plus WAL framing
     assert [r.offset for r in read] == list(range(340))
+
+
+async def test_a_large_flush_is_encoded_off_the_event_loop_and_reads_back_exactly(
+    storage: StreamStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded_in: list[threading.Thread] = []
+    encode = walformat.encode_wal_object
+
+    def recording(*args: Any, **kwargs: Any) -> walformat.EncodedWalObject:
+        encoded_in.append(threading.current_thread())
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(walformat, "encode_wal_object", recording)
+    streams = [await storage.create_stream("big-a"), await storage.create_stream("big-b")]
+    written = [
+        [Record(i, 1_700_000_000_000 + i, None, bytes([i]) * 20_000, ()) for i in range(10)]
+        for _ in streams
+    ]
+    await asyncio.gather(*(storage.append(s, w) for s, w in zip(streams, written, strict=True)))
+    small = await storage.append(streams[0], records(1))
+
+    assert encoded_in[0] is not threading.main_thread()  # the 400 kB flush
+    assert encoded_in[-1] is threading.main_thread()  # the small one: no thread hop
+    assert small == 10
+    for stream, expected in zip(streams, written, strict=True):
+        read = await storage.read_records(stream, 0, max_bytes=1 << 20)
+        assert comparable(read[:10]) == comparable(expected)

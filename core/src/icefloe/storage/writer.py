@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 GROUPED_FLUSHES = 8
 """A WAL object sealed while flushes are busy holds at most this many flush sizes."""
+ENCODE_ASIDE_BYTES = 256 << 10
+"""Flushes this large are encoded in a worker thread; smaller ones on the event loop, where
+the thread hop would cost more than the copy."""
 
 
 class CommitDeadlineExceeded(UnavailableError):
@@ -268,7 +271,14 @@ class WalWriter:
             for stream_id, appends in sorted(by_stream.items())
         ]
         created = time.time()
-        encoded = walformat.encode_wal_object(chunks, created_ms=int(created * 1000))
+        if flush.size >= ENCODE_ASIDE_BYTES:
+            # Copying megabytes into one object lets go of the GIL: in a thread, the event loop
+            # serves clients meanwhile.
+            encoded = await asyncio.to_thread(
+                walformat.encode_wal_object, chunks, created_ms=int(created * 1000)
+            )
+        else:
+            encoded = walformat.encode_wal_object(chunks, created_ms=int(created * 1000))
         ref = await self._wal.append(encoded.data)
         metrics.WAL_FLUSH_BYTES.observe(len(encoded.data))
         self._recent.add(ref, encoded.data)
