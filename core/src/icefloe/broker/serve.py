@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import logging
 import multiprocessing
@@ -31,6 +30,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 from icefloe.broker.broker import Broker
+from icefloe.broker.heap import reuse_large_blocks
 from icefloe.broker.long_lived import freeze_long_lived, freeze_new_imports
 from icefloe.config import Config
 from icefloe.errors import ConfigError, PluginError, UnavailableError
@@ -47,8 +47,6 @@ STABLE_AFTER_S: Final = 60.0
 """A broker up this long has recovered: its next crash starts the back-off afresh."""
 MAX_CRASHES_IN_A_ROW: Final = 5
 _POLL_S: Final = 0.2
-_M_MMAP_THRESHOLD: Final = -3
-"""mallopt's parameter number for the mmap threshold (glibc's malloc.h)."""
 
 
 @dataclass
@@ -78,7 +76,7 @@ def run_broker(
 ) -> None:
     """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
-    _return_large_blocks_to_the_system()
+    heap_trimmer = reuse_large_blocks()
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -99,6 +97,9 @@ def run_broker(
         # of the collector's full passes, which otherwise stall the loop for 100-200 ms each.
         freeze_long_lived()
         freezer = asyncio.create_task(freeze_new_imports(), name="freeze-new-imports")
+        trimming = None
+        if heap_trimmer is not None:
+            trimming = asyncio.create_task(heap_trimmer.run(), name="heap-trimmer")
         registry = broker.schema_registry_port
         report.send(
             (
@@ -110,6 +111,8 @@ def run_broker(
             await stop.wait()
         finally:
             freezer.cancel()
+            if trimming is not None:
+                trimming.cancel()
             await broker.stop()
         return 0
 
@@ -117,17 +120,6 @@ def run_broker(
     # The loop and its signal handlers are gone: a late SIGTERM just ends the process.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.exit(status)
-
-
-def _return_large_blocks_to_the_system() -> None:
-    """Have glibc map every block over 128 KiB on its own, so that freeing it unmaps it.
-
-    By default glibc raises that threshold as large blocks are freed, after which request and
-    response buffers come from the heap and a broker's RSS stays at its peak for good after a
-    burst; measured under overload: 735 MiB, against 300 MiB with this (and a peak of 675).
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 128 << 10)
 
 
 def startup_failure(exc: BaseException, config: Config, port: int) -> str:
