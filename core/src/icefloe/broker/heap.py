@@ -25,7 +25,7 @@ from typing import Final
 
 MMAP_THRESHOLD_BYTES: Final = 1 << 20
 CHECK_EVERY_S: Final = 1.0
-TRIM_BYTES: Final = 64 << 20
+TRIM_BYTES: Final = 32 << 20
 _M_MMAP_THRESHOLD: Final = -3
 """mallopt's parameter number for the mmap threshold (glibc's malloc.h)."""
 
