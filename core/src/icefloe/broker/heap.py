@@ -3,8 +3,8 @@
 A broker allocates and frees blocks of about a megabyte all the time: request frames, the
 records kio copies out of them, WAL objects, the chunks of fetch responses. Taken from glibc's
 heap and reused as they are freed, they cost no more than the copy into them; mapped on their
-own, each one costs the kernel a fresh mapping and a page fault
-per 4 KiB, most of the kernel time a broker spent under a fast producer. So blocks below
+own, each one costs the kernel a fresh mapping and a page fault per 4 KiB, which was most of
+the kernel time a broker spent under a fast producer. So blocks below
 ``MMAP_THRESHOLD_BYTES`` come from the heap, larger ones (whole fetch responses, big reads) are
 mapped on their own and unmapped when freed.
 

@@ -5,8 +5,9 @@ them in a broker are modules, classes and protocol schemas that never die, and m
 after start: a request type's schemas on its first request, a table format's library on the
 first compaction. ``gc.freeze()`` moves what is tracked now to a generation no pass walks; a
 broker freezes once started and then, whenever imports have come and stopped for a period,
-again. Each freeze follows a full collection, so no garbage is frozen with the live objects;
-imports are finite, so the freezes are few.
+again. Each freeze follows a full collection, so no garbage is frozen with the live objects.
+What is alive at a freeze and later dies in a reference cycle (a request in flight then) is
+never reclaimed; imports are finite, so the freezes, and what they can strand, are few.
 """
 
 from __future__ import annotations
