@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -271,14 +272,12 @@ class WalWriter:
             for stream_id, appends in sorted(by_stream.items())
         ]
         created = time.time()
-        if flush.size >= ENCODE_ASIDE_BYTES:
-            # Copying megabytes into one object lets go of the GIL: in a thread, the event loop
-            # serves clients meanwhile.
-            encoded = await asyncio.to_thread(
-                walformat.encode_wal_object, chunks, created_ms=int(created * 1000)
-            )
-        else:
-            encoded = walformat.encode_wal_object(chunks, created_ms=int(created * 1000))
+        encode = functools.partial(
+            walformat.encode_wal_object, chunks, created_ms=int(created * 1000)
+        )
+        # Copying megabytes into one object lets go of the GIL: in a thread, the event loop
+        # serves clients meanwhile.
+        encoded = await asyncio.to_thread(encode) if flush.size >= ENCODE_ASIDE_BYTES else encode()
         ref = await self._wal.append(encoded.data)
         metrics.WAL_FLUSH_BYTES.observe(len(encoded.data))
         self._recent.add(ref, encoded.data)
