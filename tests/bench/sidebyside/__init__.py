@@ -3,6 +3,7 @@
     python -m tests.bench.sidebyside [--rounds 3] [--profiles cost,latency] [--brokers 1]
                                      [--records 1000000] [--rate 5000] [--rate-seconds 10]
                                      [--confluent-records 500000] [--no-parquet]
+                                     [--store local|minio] [--producer-prop KEY=VALUE ...]
                                      [--json PATH] [--quick] [--report PATH]
 
 Kafka comes from Maven Central (``kafka-pom.xml``, cached in ``.servers/kafka-4.1.1/lib``) and
@@ -20,6 +21,11 @@ temporary folder, Kafka first, and runs on an 8-partition topic, 1 KiB records, 
 - Icefloe only: restarted so that its compactor turns the whole log into Parquet at once,
   ``compaction`` (until `icefloe tables` shows no lag) and ``parquet_consumer`` (the consumer
   again, now reading Parquet).
+
+``--store minio`` puts Icefloe's object store (and so its WAL, cost profile by default) on S3
+served by a MinIO started on 127.0.0.1 (``scripts/install-servers`` builds it), a fresh prefix
+per round; ``--producer-prop`` changes the Java producer's settings for both systems, to find
+the client settings that suit a store.
 
 Each workload also records the server's CPU seconds (user + system, of Kafka's JVM or of
 Icefloe's broker processes and their compaction workers) and its peak RSS (VmHWM) so far. The

@@ -69,6 +69,11 @@ class Settings:
     """Settings for `icefloe serve` (``ICEFLOE_…`` variables), to compare configurations."""
     cold_read: bool = False
     """Icefloe's consumer reads after a restart, from the WAL with nothing cached."""
+    store: str = "local"
+    """Icefloe's object store: ``local`` (the embedded default) or ``minio`` (S3, started
+    here)."""
+    producer_props: tuple[str, ...] = ()
+    """Java producer settings (``key=value``) on top of the harness's, for both systems."""
 
     def plan(self) -> list[tuple[str, str | None]]:
         """(system, Icefloe profile) in the order one round runs them."""
@@ -133,6 +138,19 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         metavar="ICEFLOE_KEY=VALUE",
         help="a setting for `icefloe serve`, as an environment variable (repeatable)",
     )
+    parser.add_argument(
+        "--store",
+        choices=("local", "minio"),
+        default="local",
+        help="Icefloe's object store: the local one (default) or S3 on a MinIO started here",
+    )
+    parser.add_argument(
+        "--producer-prop",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Java producer setting for both systems, over the harness's (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="raw results (default: .benchmarks/…)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument(
@@ -154,6 +172,10 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         if not sep or not key.startswith("ICEFLOE_"):
             parser.error(f"--icefloe-env {item!r}: expected ICEFLOE_KEY=VALUE")
         icefloe_env[key] = value
+    for item in args.producer_prop:
+        key, sep, _ = item.partition("=")
+        if not sep or not key or key == "bootstrap.servers":
+            parser.error(f"--producer-prop {item!r}: expected KEY=VALUE (not bootstrap.servers)")
     settings = Settings(
         rounds=args.rounds or int(sizes["rounds"]),
         profiles=profiles,
@@ -169,6 +191,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         kafka_lib=args.kafka_lib,
         icefloe_env=icefloe_env,
         cold_read=args.cold_read,
+        store=args.store,
+        producer_props=tuple(args.producer_prop),
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     json_path = args.json or ROOT / ".benchmarks" / f"sidebyside-{stamp}.json"
@@ -225,13 +249,17 @@ def producers(settings: Settings, java: Java, server: Server, result: dict[str, 
         result,
         "java_producer",
         server,
-        lambda: producer_performance(java, server, TOPIC, records, RECORD_BYTES),
+        lambda: producer_performance(
+            java, server, TOPIC, records, RECORD_BYTES, extra_props=settings.producer_props
+        ),
     )
     step(
         result,
         "java_throttled",
         server,
-        lambda: producer_performance(java, server, TOPIC, throttled, RECORD_BYTES, rate),
+        lambda: producer_performance(
+            java, server, TOPIC, throttled, RECORD_BYTES, rate, settings.producer_props
+        ),
     )
     step(
         result,
@@ -263,7 +291,10 @@ def icefloe_round(
 ) -> None:
     """The common workloads; then, on a restart that compacts at once, a read from Parquet."""
     data = workdir / "data"
-    server = icefloe_server.start(data, profile, settings.brokers, settings.icefloe_env)
+    env = settings.icefloe_env
+    if settings.store == "minio":  # a fresh prefix: each round starts on an empty store
+        env = icefloe_server.minio_settings(f"sidebyside-{time.time_ns()}") | env
+    server = icefloe_server.start(data, profile, settings.brokers, env)
     try:
         create_topic(server.running, TOPIC, settings.partitions)
         if not settings.cold_read:
@@ -272,7 +303,7 @@ def icefloe_round(
             producers(settings, java, server, result)
             server.stop()
             # Restarted with compaction held off: the consumer reads the WAL, nothing cached.
-            held_off = settings.icefloe_env | {"ICEFLOE_COMPACTOR__ENABLED": "false"}
+            held_off = env | {"ICEFLOE_COMPACTOR__ENABLED": "false"}
             server = icefloe_server.start(data, profile, settings.brokers, held_off)
             consumer(java, server, result)
     finally:
@@ -280,16 +311,14 @@ def icefloe_round(
     if not settings.parquet or "records_in_topic" not in result:
         return
     total = result["records_in_topic"]
-    server = icefloe_server.start(
-        data, profile, settings.brokers, settings.icefloe_env, compact_at_once=True
-    )
+    server = icefloe_server.start(data, profile, settings.brokers, env, compact_at_once=True)
     try:
         wait = 300 + total / 1_000
         compacted = step(
             result,
             "compaction",
             server,
-            lambda: {"seconds": icefloe_server.wait_until_compacted(data, TOPIC, wait)},
+            lambda: {"seconds": icefloe_server.wait_until_compacted(data, TOPIC, wait, env)},
         )
         if compacted:
             step(

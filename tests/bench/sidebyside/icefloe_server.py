@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
+from tests.support.object_servers import BUCKET, MINIO_CREDENTIALS, minio
 from tests.support.servers import ROOT
 
 COMPACT_AT_ONCE = {
@@ -67,22 +68,40 @@ class CompactionTimeout(RuntimeError):
     """The log was not all in Parquet in time."""
 
 
-def wait_until_compacted(data_dir: Path, topic: str, timeout: float) -> float:
-    """Seconds until `icefloe tables --json` shows no record of ``topic`` left outside tables."""
+def minio_settings(prefix: str) -> dict[str, str]:
+    """The settings that put Icefloe's object store on MinIO (started on first use), under
+    ``prefix``."""
+    server = minio()
+    return {
+        "ICEFLOE_OBJECT_STORE__BACKEND": "s3",
+        "ICEFLOE_OBJECT_STORE__S3__BUCKET": BUCKET,
+        "ICEFLOE_OBJECT_STORE__S3__PREFIX": prefix,
+        "ICEFLOE_OBJECT_STORE__S3__REGION": "us-east-1",
+        "ICEFLOE_OBJECT_STORE__S3__ENDPOINT_URL": server.url,
+        "ICEFLOE_OBJECT_STORE__S3__ACCESS_KEY_ID": MINIO_CREDENTIALS["access_key_id"],
+        "ICEFLOE_OBJECT_STORE__S3__SECRET_ACCESS_KEY": MINIO_CREDENTIALS["secret_access_key"],
+    }
+
+
+def wait_until_compacted(
+    data_dir: Path, topic: str, timeout: float, settings: dict[str, str] | None = None
+) -> float:
+    """Seconds until `icefloe tables --json` shows no record of ``topic`` left outside tables
+    (``settings``: the server's ``ICEFLOE_…`` variables, so that the command finds its stores)."""
     started = time.monotonic()
     last = "nothing yet"
     while time.monotonic() - started < timeout:
-        lag, last = _topic_lag(data_dir, topic)
+        lag, last = _topic_lag(data_dir, topic, settings or {})
         if lag == 0:
             return time.monotonic() - started
         time.sleep(POLL_INTERVAL_S)
     raise CompactionTimeout(f"{topic} not compacted after {timeout:.0f} s; last answer: {last}")
 
 
-def _topic_lag(data_dir: Path, topic: str) -> tuple[int | None, str]:
+def _topic_lag(data_dir: Path, topic: str, settings: dict[str, str]) -> tuple[int | None, str]:
     """(records of ``topic`` not yet in its tables, or None if unknown; the raw answer)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
-    env["ICEFLOE_DATA_DIR"] = str(data_dir)
+    env |= settings | {"ICEFLOE_DATA_DIR": str(data_dir)}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "icefloe", "tables", "--json"],

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -118,9 +118,11 @@ def producer_performance(
     records: int,
     record_bytes: int,
     throughput: int = -1,
+    extra_props: Sequence[str] = (),
 ) -> Measures:
-    """Kafka's ProducerPerformance: MB/s (2^20 bytes) and its latency summary."""
-    props = [f"bootstrap.servers={server.bootstrap}", *PRODUCER_PROPS]
+    """Kafka's ProducerPerformance: MB/s (2^20 bytes) and its latency summary.
+    ``extra_props`` (``key=value``) come after the harness's, so they override them."""
+    props = [f"bootstrap.servers={server.bootstrap}", *PRODUCER_PROPS, *extra_props]
     args = ["--topic", topic, "--num-records", str(records), "--record-size", str(record_bytes)]
     args += ["--throughput", str(throughput), "--producer-props", *props]
     command = java.command("org.apache.kafka.tools.ProducerPerformance", args, TOOL_HEAP)
