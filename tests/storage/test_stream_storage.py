@@ -580,6 +580,125 @@ async def test_a_busy_writer_still_seals_objects_of_bounded_size(tmp_path: Path)
     assert [r.offset for r in read] == list(range(340))
 
 
+class _HeldWal:
+    """Records the size of every WAL append and holds each until released."""
+
+    def __init__(self, storage: StreamStorage) -> None:
+        self.sizes: list[int] = []
+        self.release = asyncio.Event()
+        self.release.set()
+        self._append = storage.wal._append  # type: ignore[attr-defined]
+        storage.wal._append = self._held  # type: ignore[attr-defined]
+
+    async def _held(self, data: bytes) -> str:
+        self.sizes.append(len(data))
+        await self.release.wait()
+        return await self._append(data)
+
+
+async def test_an_idle_writer_seals_at_once_and_the_partitions_sent_together_share_an_object(
+    tmp_path: Path,
+) -> None:
+    config = storage_config(tmp_path, flush_interval_ms=60_000)  # the timer never fires here
+    async with await StreamStorage.open(config) as storage:
+        assert storage.flush_profile is FlushProfile.LATENCY
+        streams = [await storage.create_stream(f"p{i}") for i in range(3)]
+        wal = _HeldWal(storage)
+        pending = [await storage.submit_batches(s, build_batch(records(5))) for s in streams]
+
+        offsets = await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
+
+        assert offsets == [0, 0, 0]
+        assert len(wal.sizes) == 1  # one object for the three, sealed without the interval
+
+
+async def test_appends_made_during_the_only_flush_are_sealed_as_soon_as_it_ends(
+    tmp_path: Path,
+) -> None:
+    config = storage_config(tmp_path, flush_interval_ms=60_000)
+    async with await StreamStorage.open(config) as storage:
+        stream = await storage.create_stream("s")
+        wal = _HeldWal(storage)
+        wal.release.clear()
+        try:
+            first = await storage.submit_batches(stream, build_batch(records(5)))
+            await asyncio.sleep(0.05)
+            later = [
+                await storage.submit_batches(stream, build_batch(records(5, tag=f"b{i}")))
+                for i in range(3)
+            ]
+            await asyncio.sleep(0.05)
+            assert len(wal.sizes) == 1  # the later ones wait while the flush is under way
+        finally:
+            wal.release.set()  # a failed check must not leave the close waiting on the WAL
+
+        offsets = await asyncio.wait_for(asyncio.gather(first, *later), timeout=10)
+
+        assert offsets == [0, 5, 10, 15]
+        assert len(wal.sizes) == 2  # all three in the next object
+
+
+@pytest.mark.parametrize(
+    ("settings", "profile"),
+    [
+        ({"seal_when_idle": False}, FlushProfile.LATENCY),
+        ({"profile": "cost", "flush_quiet_ms": 0}, FlushProfile.COST),
+    ],
+)
+async def test_a_writer_that_does_not_seal_when_idle_waits_for_the_interval(
+    tmp_path: Path, settings: dict[str, Any], profile: FlushProfile
+) -> None:
+    config = storage_config(tmp_path, flush_interval_ms=60_000, **settings)
+    async with await StreamStorage.open(config) as storage:
+        assert storage.flush_profile is profile
+        stream = await storage.create_stream("s")
+        wal = _HeldWal(storage)
+        pending = await storage.submit_batches(stream, build_batch(records(5)))
+        await asyncio.sleep(0.1)
+
+        assert wal.sizes == []
+        assert not pending.done()
+        await storage.flush()
+        assert await pending == 0
+
+
+async def test_the_cost_profile_seals_once_its_producers_fall_quiet(tmp_path: Path) -> None:
+    config = storage_config(tmp_path, profile="cost", flush_interval_ms=60_000)
+    async with await StreamStorage.open(config) as storage:
+        streams = [await storage.create_stream(f"p{i}") for i in range(3)]
+        wal = _HeldWal(storage)
+        pending = [await storage.submit_batches(s, build_batch(records(5))) for s in streams]
+
+        # the default quiet period (10 ms), not the interval (60 s), seals them
+        offsets = await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
+
+        assert offsets == [0, 0, 0]
+        assert len(wal.sizes) == 1
+
+
+async def test_a_steady_stream_of_appends_is_not_sealed_by_the_quiet_period(
+    tmp_path: Path,
+) -> None:
+    config = storage_config(
+        tmp_path, profile="cost", flush_interval_ms=60_000, flush_quiet_ms=1_000
+    )
+    async with await StreamStorage.open(config) as storage:
+        stream = await storage.create_stream("s")
+        wal = _HeldWal(storage)
+        pending = []
+        for i in range(6):  # an append every 50 ms: never a quiet second
+            pending.append(
+                await storage.submit_batches(stream, build_batch(records(5, tag=f"{i}")))
+            )
+            await asyncio.sleep(0.05)
+        assert wal.sizes == []
+
+        offsets = await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
+
+        assert offsets == [0, 5, 10, 15, 20, 25]
+        assert len(wal.sizes) == 1  # sealed a second after the last append, all in one object
+
+
 async def test_a_large_flush_is_encoded_off_the_event_loop_and_reads_back_exactly(
     storage: StreamStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -15,11 +16,23 @@ class FlushProfile(enum.StrEnum):
     """Small, frequent WAL objects: the produce acknowledgement comes sooner."""
 
 
-PROFILES: Final[dict[FlushProfile, tuple[int, float]]] = {
-    FlushProfile.COST: (4 << 20, 0.200),
-    FlushProfile.LATENCY: (1 << 20, 0.005),
+@dataclass(frozen=True, slots=True)
+class ProfileDefaults:
+    flush_bytes: int
+    flush_interval_s: float
+    seal_when_idle: bool
+    """Seal the buffer at once while no flush is under way, rather than waiting for the
+    interval: the appends that arrive while one flush is written form the next."""
+    flush_quiet_s: float | None
+    """Seal the buffer once no append has arrived for this long: its producers are waiting
+    for answers, not sending."""
+
+
+PROFILES: Final[dict[FlushProfile, ProfileDefaults]] = {
+    FlushProfile.COST: ProfileDefaults(4 << 20, 0.200, seal_when_idle=False, flush_quiet_s=0.010),
+    FlushProfile.LATENCY: ProfileDefaults(1 << 20, 0.005, seal_when_idle=True, flush_quiet_s=None),
 }
-"""(flush size in bytes, flush interval in seconds) of each profile."""
+"""What each profile sets where the ``[storage]`` options leave it to the profile."""
 
 
 class StorageOptions(BaseModel):
@@ -34,6 +47,12 @@ class StorageOptions(BaseModel):
     """Seal a WAL object once this many bytes are buffered (default: from the profile)."""
     flush_interval_ms: float | None = Field(default=None, gt=0)
     """Seal a WAL object at most this long after its first append (default: from the profile)."""
+    seal_when_idle: bool | None = None
+    """Seal a WAL object as soon as an append arrives while no flush is under way, instead of
+    waiting for ``flush_interval_ms`` (default: from the profile; on for ``latency``)."""
+    flush_quiet_ms: float | None = Field(default=None, ge=0)
+    """Seal a WAL object once no append has arrived for this long, before its interval ends
+    (default: from the profile: 10 for ``cost``; 0 turns it off)."""
     max_buffered_bytes: int = Field(default=64 << 20, gt=0)
     """Bytes accepted but not yet committed; past it, appends wait (back-pressure)."""
     max_inflight_flushes: int = Field(default=4, ge=1)
@@ -65,13 +84,24 @@ class StorageOptions(BaseModel):
         return FlushProfile.COST if billed_per_append else FlushProfile.LATENCY
 
     def flush_bytes_for(self, profile: FlushProfile) -> int:
-        return self.flush_bytes or PROFILES[profile][0]
+        return self.flush_bytes or PROFILES[profile].flush_bytes
 
     def flush_interval_for(self, profile: FlushProfile) -> float:
         """Seconds."""
         if self.flush_interval_ms is not None:
             return self.flush_interval_ms / 1000
-        return PROFILES[profile][1]
+        return PROFILES[profile].flush_interval_s
+
+    def flush_quiet_for(self, profile: FlushProfile) -> float | None:
+        """Seconds, or None where a quiet spell does not seal."""
+        if self.flush_quiet_ms is not None:
+            return self.flush_quiet_ms / 1000 or None
+        return PROFILES[profile].flush_quiet_s
+
+    def seal_when_idle_for(self, profile: FlushProfile) -> bool:
+        if self.seal_when_idle is not None:
+            return self.seal_when_idle
+        return PROFILES[profile].seal_when_idle
 
     @property
     def largest_flush_bytes(self) -> int:
@@ -80,9 +110,9 @@ class StorageOptions(BaseModel):
         if self.flush_bytes is not None:
             return self.flush_bytes
         return (
-            max(size for size, _ in PROFILES.values())
+            max(defaults.flush_bytes for defaults in PROFILES.values())
             if self.profile is None
-            else (PROFILES[self.profile][0])
+            else PROFILES[self.profile].flush_bytes
         )
 
     @model_validator(mode="after")

@@ -14,6 +14,17 @@ but goes on filling until one of them ends (up to ``GROUPED_FLUSHES`` times the 
 under load the WAL objects grow, and with them what each WAL append, fsync and index commit
 carries, instead of queueing more small objects behind the busy ones. The wait is the one a
 sealed object would have spent queued.
+
+A writer that seals when idle (the ``latency`` profile) does not wait for the flush interval
+while no flush is under way: the buffer is sealed once the event loop has taken in what
+arrived with the append, and when a flush ends with nothing else under way, what buffered
+meanwhile is sealed at once. At low rates an append then waits for no timer; under load
+flushes overlap and the buffer fills by size and interval as before (group commit).
+
+A writer with a quiet period (the ``cost`` profile) also seals once no append has arrived for
+that long: a producer that has sent all the requests it may have in flight (five for Kafka's
+Java client) waits for their answers, and the rest of the interval would only delay them. A
+steady stream of appends leaves no such gap, and its objects fill to size or interval.
 """
 
 from __future__ import annotations
@@ -105,6 +116,10 @@ class WalWriter:
         self.profile = options.flush_profile(wal.billed_per_append)
         self._flush_bytes = options.flush_bytes_for(self.profile)
         self._interval = options.flush_interval_for(self.profile)
+        self._seal_when_idle = options.seal_when_idle_for(self.profile)
+        self._quiet = options.flush_quiet_for(self.profile)
+        self._quiet_timer: asyncio.TimerHandle | None = None
+        self._last_append = 0.0
         self._busy_limit = GROUPED_FLUSHES * self._flush_bytes
         self._buffer = _Flush()
         self._timer: asyncio.TimerHandle | None = None
@@ -167,11 +182,18 @@ class WalWriter:
             await self._reserve(pending.size)
             self._buffer.appends.append(pending)
             self._buffer.size += pending.size
+            loop = asyncio.get_running_loop()
+            self._last_append = loop.time()
             if self._buffer.size >= self._flush_bytes:
                 self._start_flush(self._busy_limit)
-            elif self._timer is None:
-                loop = asyncio.get_running_loop()
-                self._timer = loop.call_later(self._interval, self._start_flush, self._busy_limit)
+                return future
+            if self._timer is None:
+                # A delay of 0 still runs after the loop's next poll, so the other partitions
+                # of a request, and requests that arrived together, join the same object.
+                delay = 0.0 if self._idle else self._interval
+                self._timer = loop.call_later(delay, self._start_flush, self._busy_limit)
+            if self._quiet is not None and self._quiet_timer is None:
+                self._quiet_timer = loop.call_later(self._quiet, self._seal_if_quiet)
         return future
 
     async def flush(self) -> None:
@@ -186,6 +208,24 @@ class WalWriter:
         await self.flush()
 
     # --- buffering --------------------------------------------------------------------------
+
+    @property
+    def _idle(self) -> bool:
+        """Whether a buffered append should be sealed without waiting for the interval."""
+        return self._seal_when_idle and self._unfinished == 0
+
+    def _seal_if_quiet(self) -> None:
+        """Seal the buffer if no append came for the quiet period; else look again when it
+        will have passed since the last one."""
+        self._quiet_timer = None
+        if not self._buffer.appends or self._quiet is None:
+            return
+        loop = asyncio.get_running_loop()
+        waited = loop.time() - self._last_append
+        if waited >= self._quiet:
+            self._start_flush(self._busy_limit)
+        else:
+            self._quiet_timer = loop.call_later(self._quiet - waited, self._seal_if_quiet)
 
     async def _reserve(self, size: int) -> None:
         async with self._space:
@@ -242,8 +282,8 @@ class WalWriter:
             self._unfinished -= 1
             committed.set_result(None)
             await self._release(flush.size)
-            if self._sealing_wanted:
-                self._start_flush()  # what filled while every slot was busy
+            if self._sealing_wanted or self._idle:
+                self._start_flush()  # what buffered while the flushes were under way
 
     async def _write_and_commit(self, flush: _Flush, previous: asyncio.Future[None] | None) -> None:
         started = time.perf_counter()
