@@ -21,6 +21,7 @@ from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record, build_batch, decode_batch
 from icefloe.topics.registry import TopicRegistry
 from tests.support.compaction_processes import start_engine_worker_then_wait
+from tests.support.storage import read_all
 
 
 def records(n: int, tag: str, start_ts: int = 1_700_000_000_000) -> list[Record]:
@@ -38,17 +39,6 @@ def records(n: int, tag: str, start_ts: int = 1_700_000_000_000) -> list[Record]
 
 def comparable(rs: list[Record]) -> list[tuple[object, ...]]:
     return [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in rs]
-
-
-async def read_all(storage: StreamStorage, stream: int) -> list[Record]:
-    out: list[Record] = []
-    offset = 0
-    end = await storage.log_end(stream)
-    while offset < end:
-        batch = await storage.read_records(stream, offset, max_bytes=64 << 10)
-        out.extend(batch)
-        offset = batch[-1].offset + 1
-    return out
 
 
 async def test_compaction_leaves_what_consumers_read_unchanged(

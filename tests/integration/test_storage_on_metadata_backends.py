@@ -27,6 +27,7 @@ from tests.support.metadata_servers import (
     start_etcd,
     start_oxia,
 )
+from tests.support.storage import read_all
 from tests.support.storage_processes import idempotent_batch, tagged_records
 
 BACKENDS = ["oxia", "etcd"]
@@ -83,7 +84,7 @@ async def test_concurrent_appends_get_gapless_offsets_and_read_back(storage: Str
     appends = [a for r in await asyncio.gather(*(writer(w) for w in range(8))) for a in r]
     assert_gapless([(first, count) for first, count, _ in appends])
     assert await storage.log_end(stream) == sum(count for _, count, _ in appends)
-    by_offset = {r.offset: r.value for r in await storage.read_records(stream, 0, 1 << 24)}
+    by_offset = {r.offset: r.value for r in await read_all(storage, stream)}
     for first, count, name in appends:
         for i in range(count):
             assert by_offset[first + i] == f"{name}/{i}".encode()
@@ -155,7 +156,7 @@ async def test_appends_survive_a_frozen_metadata_server(
 
         assert all(exc.retriable for exc in failed), [repr(exc) for exc in failed]
         # Every acknowledged append is there, at the offset it was given.
-        records = await storage.read_records(stream, 0, 1 << 24)
+        records = await read_all(storage, stream)
         by_offset = {r.offset: r.value for r in records}
         for first, count, name in succeeded:
             for i in range(count):

@@ -27,6 +27,7 @@ from icefloe.storage.records import Record
 from icefloe.testing.contract import open_backend
 from icefloe.topics.registry import TopicRegistry
 from tests.support.bookkeeper import BookKeeperCluster, shared_bookkeeper
+from tests.support.storage import read_all
 
 pytestmark = pytest.mark.slow
 
@@ -59,16 +60,6 @@ def records(n: int, tag: str, value_size: int = 100) -> list[Record]:
 
 def comparable(rs: list[Record]) -> list[tuple[object, ...]]:
     return [(r.offset, r.timestamp, r.key, r.value) for r in rs]
-
-
-async def read_all(storage: StreamStorage, stream: int) -> list[Record]:
-    out: list[Record] = []
-    offset, end = 0, await storage.log_end(stream)
-    while offset < end:
-        batch = await storage.read_records(stream, offset, max_bytes=256 << 10)
-        out.extend(batch)
-        offset = batch[-1].offset + 1
-    return out
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 
 from icefloe.config import Config, load_config
 from icefloe.storage.engine import StreamStorage
+from icefloe.storage.records import Record
 
 
 def storage_config(data_dir: Path, **storage: Any) -> Config:
@@ -33,3 +34,15 @@ async def other_storage(config: Config) -> AsyncIterator[StreamStorage]:
     """A second, independent engine on the same backends (as another process would be)."""
     async with await StreamStorage.open(config) as opened:
         yield opened
+
+
+async def read_all(storage: StreamStorage, stream: int, max_bytes: int = 64 << 10) -> list[Record]:
+    """Every record of ``stream`` up to its log end, a read at a time as a consumer reads: one
+    read walks a bounded number of index entries, so a log of many small appends takes several."""
+    out: list[Record] = []
+    offset, end = 0, await storage.log_end(stream)
+    while offset < end:
+        batch = await storage.read_records(stream, offset, max_bytes)
+        out.extend(batch)
+        offset = batch[-1].offset + 1
+    return out
