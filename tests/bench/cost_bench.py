@@ -27,22 +27,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.bench.sidebyside.confluent_producer import Deliveries
 from tests.support.broker import start_icefloe
-from tests.support.object_servers import BUCKET, MINIO_CREDENTIALS, minio
+from tests.support.object_servers import icefloe_on_minio
 
 RECORD_BYTES = 1024
 
 
-def run(profile: str, mb: int, partitions: int, workdir: Path, endpoint: str) -> dict[str, Any]:
+def run(profile: str, mb: int, partitions: int, workdir: Path) -> dict[str, Any]:
     data = workdir / f"data-{profile}"
-    env = {
+    env = icefloe_on_minio(f"cost-bench-{profile}-{int(time.time())}") | {
         "ICEFLOE_STORAGE__PROFILE": profile,
-        "ICEFLOE_OBJECT_STORE__BACKEND": "s3",
-        "ICEFLOE_OBJECT_STORE__S3__BUCKET": BUCKET,
-        "ICEFLOE_OBJECT_STORE__S3__PREFIX": f"cost-bench-{profile}-{int(time.time())}",
-        "ICEFLOE_OBJECT_STORE__S3__REGION": "us-east-1",
-        "ICEFLOE_OBJECT_STORE__S3__ENDPOINT_URL": endpoint,
-        "ICEFLOE_OBJECT_STORE__S3__ACCESS_KEY_ID": MINIO_CREDENTIALS["access_key_id"],
-        "ICEFLOE_OBJECT_STORE__S3__SECRET_ACCESS_KEY": MINIO_CREDENTIALS["secret_access_key"],
         "ICEFLOE_COMPACTOR__MIN_AGE_S": "0",
         "ICEFLOE_COMPACTOR__MAX_AGE_S": "5",
     }
@@ -125,10 +118,9 @@ def main() -> None:
     parser.add_argument("--profiles", default="cost,latency")
     parser.add_argument("--partitions", type=int, default=8)
     args = parser.parse_args()
-    server = minio()
     with tempfile.TemporaryDirectory(prefix="icefloe-cost-bench-") as workdir:
         for profile in args.profiles.split(","):
-            result = run(profile, args.mb, args.partitions, Path(workdir), server.url)
+            result = run(profile, args.mb, args.partitions, Path(workdir))
             print(summary(result), flush=True)
             print(json.dumps(result), file=sys.stderr, flush=True)
 

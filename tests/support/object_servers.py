@@ -115,6 +115,21 @@ def minio() -> Emulator:
     return emulator
 
 
+def icefloe_on_minio(prefix: str) -> dict[str, str]:
+    """The ``ICEFLOE_…`` settings that put Icefloe's object store on MinIO (started on first
+    use), under ``prefix``."""
+    server = minio()
+    return {
+        "ICEFLOE_OBJECT_STORE__BACKEND": "s3",
+        "ICEFLOE_OBJECT_STORE__S3__BUCKET": BUCKET,
+        "ICEFLOE_OBJECT_STORE__S3__PREFIX": prefix,
+        "ICEFLOE_OBJECT_STORE__S3__REGION": "us-east-1",
+        "ICEFLOE_OBJECT_STORE__S3__ENDPOINT_URL": server.url,
+        "ICEFLOE_OBJECT_STORE__S3__ACCESS_KEY_ID": MINIO_CREDENTIALS["access_key_id"],
+        "ICEFLOE_OBJECT_STORE__S3__SECRET_ACCESS_KEY": MINIO_CREDENTIALS["secret_access_key"],
+    }
+
+
 @functools.cache
 def fake_gcs() -> Emulator:
     """fake-gcs-server (GCS), in-memory, with the test bucket."""

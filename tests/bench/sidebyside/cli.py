@@ -36,6 +36,7 @@ from tests.bench.sidebyside.workloads import (
     measured,
     producer_performance,
 )
+from tests.support.object_servers import icefloe_on_minio
 from tests.support.servers import ROOT
 from tests.support.topics import create_topic
 
@@ -293,7 +294,7 @@ def icefloe_round(
     data = workdir / "data"
     env = settings.icefloe_env
     if settings.store == "minio":  # a fresh prefix: each round starts on an empty store
-        env = icefloe_server.minio_settings(f"sidebyside-{time.time_ns()}") | env
+        env = icefloe_on_minio(f"sidebyside-{time.time_ns()}") | env
     server = icefloe_server.start(data, profile, settings.brokers, env)
     try:
         create_topic(server.running, TOPIC, settings.partitions)

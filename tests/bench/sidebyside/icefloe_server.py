@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
-from tests.support.object_servers import BUCKET, MINIO_CREDENTIALS, minio
 from tests.support.servers import ROOT
 
 COMPACT_AT_ONCE = {
@@ -66,21 +65,6 @@ def start(
 
 class CompactionTimeout(RuntimeError):
     """The log was not all in Parquet in time."""
-
-
-def minio_settings(prefix: str) -> dict[str, str]:
-    """The settings that put Icefloe's object store on MinIO (started on first use), under
-    ``prefix``."""
-    server = minio()
-    return {
-        "ICEFLOE_OBJECT_STORE__BACKEND": "s3",
-        "ICEFLOE_OBJECT_STORE__S3__BUCKET": BUCKET,
-        "ICEFLOE_OBJECT_STORE__S3__PREFIX": prefix,
-        "ICEFLOE_OBJECT_STORE__S3__REGION": "us-east-1",
-        "ICEFLOE_OBJECT_STORE__S3__ENDPOINT_URL": server.url,
-        "ICEFLOE_OBJECT_STORE__S3__ACCESS_KEY_ID": MINIO_CREDENTIALS["access_key_id"],
-        "ICEFLOE_OBJECT_STORE__S3__SECRET_ACCESS_KEY": MINIO_CREDENTIALS["secret_access_key"],
-    }
 
 
 def wait_until_compacted(
