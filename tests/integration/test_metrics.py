@@ -142,6 +142,7 @@ def test_every_metric_family_moves_during_a_client_scenario(zoned: RunningIceflo
     assert moved("icefloe_table_commit_seconds_count", format="delta")
     assert moved("icefloe_compacted_wal_bytes_total", topic="events")
     assert moved("icefloe_compacted_parquet_bytes_total", topic="events")
+    assert total(after, "icefloe_compactor_open") == 1
     assert ("icefloe_compaction_backlog_bytes", (("topic", "events"),)) in after
     assert ("icefloe_compaction_backlog_age_seconds", (("topic", "events"),)) in after
     lag = total(after, "icefloe_consumer_group_lag", group="readers", topic="events")

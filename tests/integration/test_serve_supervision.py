@@ -15,6 +15,7 @@ from pathlib import Path
 from confluent_kafka import Message, Producer
 
 from tests.support.broker import broker_pids, start_icefloe
+from tests.support.http import get
 from tests.support.servers import free_port
 from tests.support.topics import create_topic
 
@@ -175,6 +176,8 @@ def test_an_unreachable_table_catalog_leaves_kafka_served_and_says_so(tmp_path: 
             assert time.monotonic() < deadline, running.log_path.read_text()[-2000:]
             time.sleep(0.2)
         assert str(closed) in running.log_path.read_text()
+        [url] = running.metrics_urls
+        assert "\nicefloe_compactor_open 0.0\n" in get(url)[1]
     finally:
         running.stop()
 

@@ -128,6 +128,11 @@ DEAD_LETTERS: Final = Counter(
     "raw, with the reason in <side>_error)",
     ["topic"],
 )
+COMPACTOR_OPEN: Final = Gauge(
+    "icefloe_compactor_open",
+    "1 once this broker's compaction engine and table formats are open (it then competes for "
+    "the compaction lease); 0 before, while a backend cannot be opened, and with compaction off",
+)
 COMPACTION_BACKLOG_BYTES: Final = Gauge(
     "icefloe_compaction_backlog_bytes",
     "WAL bytes waiting for compaction, per topic (set by the compaction leader)",

@@ -9,6 +9,7 @@ import random
 import ssl
 from typing import Self
 
+from icefloe import metrics
 from icefloe.broker.memory import ByteBudget, client_data_bytes
 from icefloe.broker.observability import OperatorEndpoints
 from icefloe.broker.quotas import QuotaManager
@@ -175,6 +176,7 @@ class Broker:
                 await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(delay * 2, COMPACTOR_RETRY_MAX_S)
         if self._compactor is not None:
+            metrics.COMPACTOR_OPEN.set(1)
             await self._compactor.run(self._stopping)
 
     async def _check_password(self, user: str, password: str) -> bool:
@@ -221,6 +223,7 @@ class Broker:
         if self._compaction is not None:
             await self._compaction
         if self._compactor is not None:
+            metrics.COMPACTOR_OPEN.set(0)
             await self._compactor.close()
         for task in (self._maintenance, self._stall_watch):
             if task is not None:
