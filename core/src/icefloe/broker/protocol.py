@@ -14,7 +14,7 @@ import functools
 import importlib
 import pkgutil
 import struct
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, Final, TypeVar, cast
 
 from kio.index import load_payload_module, load_request_schema, load_response_schema
@@ -117,7 +117,11 @@ class ResponseFrame:
         self.size = _SIZE.size
         """Bytes in the frame, its size prefix included."""
 
-    def write(self, data: Buffer) -> int:
+    def write(self, data: Buffer | RecordParts) -> int:
+        if isinstance(data, RecordParts):
+            for part in data.parts:
+                self.write(part)
+            return data.size
         size = len(data)
         if size >= BY_REFERENCE:
             self.parts.append(data)
@@ -132,6 +136,28 @@ class ResponseFrame:
         _SIZE.pack_into(self.parts[0], 0, self.size - _SIZE.size)
         self.parts = [part for part in self.parts if part]
         return self
+
+
+class RecordParts:
+    """A records field given as the buffers its batches lie in (a fetch of one partition
+    spans several WAL objects). kio writes its length, then hands it whole to
+    :meth:`ResponseFrame.write`, which takes the parts in turn: they are never joined."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: Sequence[Buffer]) -> None:
+        self.parts = tuple(parts)
+        self.size = sum(len(part) for part in self.parts)
+
+    def __len__(self) -> int:
+        return self.size
+
+    @staticmethod
+    def of(parts: Sequence[Buffer]) -> Buffer | RecordParts:
+        """The value of a records field holding ``parts``, in order."""
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else RecordParts(parts)
 
 
 BY_REFERENCE: Final = 64 * 1024

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -32,6 +32,7 @@ much of its work, so more threads would mostly wait for it and for each other: m
 two cores, two threads used a quarter less CPU per megabyte than the default pool."""
 
 T = TypeVar("T")
+Buffer = bytes | bytearray | memoryview
 
 
 class OffsetOutOfRange(IcefloeError):
@@ -97,8 +98,9 @@ async def _land(chunks: list[_Chunk], pieces: _Pieces) -> _Chunk | None:
 
 
 class _Pieces:
-    """The batches of one read, as the buffers they came in, joined once at the end: a buffer
-    grown chunk by chunk is copied again each time it outgrows its memory."""
+    """The batches of one read, as the buffers they came in: joining them would copy every
+    byte once more, and a buffer grown chunk by chunk is copied again each time it outgrows
+    its memory."""
 
     __slots__ = ("_items", "size")
 
@@ -123,31 +125,37 @@ class _Pieces:
         del self._items[mark:]
         self.size = sum(len(data) for data, _, _ in self._items)
 
-    def join(self) -> bytes | bytearray | memoryview:
-        """The batches in one buffer, base offsets patched. A lone piece that is most of its
-        buffer is not copied when it needs no patch or may be patched where it is.
+    def finish(self) -> tuple[Buffer, ...]:
+        """The batches, base offsets patched: where they lie when they may be patched there
+        (or need no patch), else a patched copy.
 
         Raises:
             CorruptDataError: a WAL chunk is not whole batches or fails its CRC.
         """
-        if len(self._items) == 1:
-            data, base_offset, own = self._items[0]
-            if _mostly_its_buffer(data):
-                if base_offset is None:
-                    return data
-                if own and isinstance(data, memoryview) and not data.readonly:
-                    batches.patch_base_offsets_into(data, 0, len(data), base_offset)
-                    return data
-        out = bytearray().join([data for data, _, _ in self._items])
-        position = 0
-        for data, base_offset, _ in self._items:
-            if base_offset is not None:
-                batches.patch_base_offsets_into(out, position, position + len(data), base_offset)
-            position += len(data)
-        return out
+        parts: list[Buffer] = []
+        for data, base_offset, own in self._items:
+            if base_offset is None:
+                parts.append(data)
+                continue
+            patched: bytearray | memoryview
+            if own and isinstance(data, memoryview) and not data.readonly:
+                patched = data
+            else:
+                patched = bytearray(data)
+            batches.patch_base_offsets_into(patched, 0, len(patched), base_offset)
+            parts.append(patched)
+        return tuple(parts)
 
 
-def _mostly_its_buffer(data: bytes | memoryview) -> bool:
+def joined(parts: Sequence[Buffer]) -> Buffer:
+    """``parts`` in one buffer: a lone part as it is if it is most of the buffer it views,
+    else a copy (see :func:`mostly_its_buffer`)."""
+    if len(parts) == 1 and mostly_its_buffer(parts[0]):
+        return parts[0]
+    return bytearray().join(parts)
+
+
+def mostly_its_buffer(data: Buffer) -> bool:
     """Whether ``data`` is at least half of the buffer it views. A response holding a view
     holds its whole buffer (a span read for several partitions, a rebuilt row group), while
     the broker's memory budget counts only the view: a small view is copied instead."""
@@ -169,13 +177,25 @@ def _cancel(chunks: list[_Chunk]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    data: bytes | bytearray | memoryview
-    """Whole record batches, base offsets patched; the first holds the requested offset."""
+    parts: tuple[Buffer, ...]
+    """Whole record batches, base offsets patched, in the buffers they were read into (a
+    response sends them from there); the first holds the requested offset. Parts may view
+    larger buffers: see :func:`mostly_its_buffer` before holding on to them."""
     next_offset: int
     """The offset after the last record returned (the next read starts here)."""
     truncated: bool = False
     """A limit stopped the read before the log end: more records may follow at
     ``next_offset`` (a long poll must not wait for records that are already there)."""
+    size: int = field(init=False)
+    """Bytes in all the parts."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", sum(len(part) for part in self.parts))
+
+    @property
+    def data(self) -> Buffer:
+        """The batches in one buffer (a copy, unless they are one buffer already)."""
+        return joined(self.parts)
 
 
 class StreamReader:
@@ -257,10 +277,10 @@ class StreamReader:
             if run.log_ends:
                 if not out:
                     await self._check_range(stream_id, offset, run.next_entry)
-                return ReadResult(out.join(), position)
+                return ReadResult(out.finish(), position)
             if run.limited:
                 break
-        return ReadResult(out.join(), position, truncated=True)
+        return ReadResult(out.finish(), position, truncated=True)
 
     async def _start_run(
         self, stream_id: int, offset: int, size: int, max_bytes: int, lookups: int

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -30,7 +30,7 @@ from kio.schema.errors import ErrorCode
 from icefloe import metrics
 from icefloe.broker.handlers import partitions
 from icefloe.broker.memory import Held
-from icefloe.broker.protocol import make
+from icefloe.broker.protocol import Buffer, RecordParts, make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
 from icefloe.security.acls import Operation, ResourceType
@@ -58,7 +58,10 @@ class _Partition:
     max_bytes: int
     stream_id: int | None = None
     error: ErrorCode = ErrorCode.none
-    data: bytes | bytearray | memoryview = b""
+    parts: list[Buffer] = field(default_factory=list)
+    """The record batches read, in the buffers they were read into."""
+    size: int = 0
+    """Bytes in ``parts``."""
     next_offset: int = 0
     """Where the next read of this partition starts."""
     empty_log: bool = False
@@ -87,6 +90,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     ]
     committed = request.isolation_level != _READ_UNCOMMITTED
     await _fill(ctx.broker.storage, ctx.held, targets, request, committed)
+    copy_small_views(targets)
     return make(
         module.FetchResponse,
         throttle_time=_NO_THROTTLE,
@@ -94,6 +98,31 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         session_id=0,
         responses=await _responses(ctx, module, targets, request.isolation_level),
     )
+
+
+def copy_small_views(targets: list[_Partition]) -> None:
+    """Copy the parts that view a buffer this response uses less than half of.
+
+    A part read from the WAL may view a larger buffer: one ranged read serves the chunks of
+    several partitions (and the gaps between them), a rebuilt row group serves many fetches.
+    Sending it by reference holds the whole buffer until the response is sent, while the
+    broker's memory budget counts only the parts; a buffer mostly used by this response is
+    sent from where it is.
+    """
+    used: dict[int, int] = {}
+    for target in targets:
+        for part in target.parts:
+            if isinstance(part, memoryview) and part.obj is not None:
+                used[id(part.obj)] = used.get(id(part.obj), 0) + part.nbytes
+    for target in targets:
+        target.parts = [
+            bytes(part)
+            if isinstance(part, memoryview)
+            and part.obj is not None
+            and 2 * used[id(part.obj)] < memoryview(part.obj).nbytes
+            else part
+            for part in target.parts
+        ]
 
 
 async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
@@ -202,9 +231,9 @@ async def _read_more(
         The bytes read in all, and whether the limits held back data that is there to read
         (the broker's memory is one of the limits).
     """
-    wanted = [t for t in targets if t.readable and len(t.data) < t.max_bytes]
+    wanted = [t for t in targets if t.readable and t.size < t.max_bytes]
     full = len(wanted) < sum(t.readable for t in targets)  # some partition is at its limit
-    limits = [t.max_bytes - len(t.data) for t in wanted]
+    limits = [t.max_bytes - t.size for t in wanted]
     if len(wanted) > 1 and size + sum(limits) <= max_bytes:
         granted = await memory.grant(sum(limits))
         if granted == sum(limits):
@@ -234,10 +263,10 @@ async def _read_at_once(
             continue
         # Decided in request order, as if read in turn: only the response's first data may
         # exceed its limit.
-        if size == 0 or len(result.data) <= limit:
+        if size == 0 or result.size <= limit:
             _append(target, result)
-            size += len(result.data)
-            used += len(result.data)
+            size += result.size
+            used += result.size
             full = full or result.truncated
         else:
             full = True
@@ -259,7 +288,7 @@ async def _read_in_turn(
         if size >= max_bytes:
             full = True
             continue
-        limit = min(target.max_bytes - len(target.data), max_bytes - size)
+        limit = min(target.max_bytes - target.size, max_bytes - size)
         granted = await memory.grant(limit)
         if granted == 0:
             full = True  # no memory free: answer with what there is; the client asks again
@@ -267,13 +296,13 @@ async def _read_in_turn(
         limit = min(limit, granted)
         result = await _read_part(storage, target, limit, committed)
         # The storage returns a whole first batch; only the response's first data may exceed.
-        kept = result is not None and (size == 0 or len(result.data) <= limit)
-        memory.held.settle(granted, len(result.data) if result is not None and kept else 0)
+        kept = result is not None and (size == 0 or result.size <= limit)
+        memory.held.settle(granted, result.size if result is not None and kept else 0)
         if result is None:
             continue
         if kept:
             _append(target, result)
-            size += len(result.data)
+            size += result.size
             full = full or result.truncated
         else:
             full = True
@@ -291,8 +320,13 @@ async def _read_part(
 
 
 def _append(target: _Partition, result: ReadResult) -> None:
-    target.data = result.data if not target.data else b"".join((target.data, result.data))
+    target.parts += result.parts
+    target.size += result.size
     target.next_offset = result.next_offset
+
+
+def _drop_data(target: _Partition) -> None:
+    target.parts, target.size = [], 0
 
 
 async def _stable_part(
@@ -302,22 +336,23 @@ async def _stable_part(
     Transactional data of a producer this broker knows no open transaction of is checked in
     the store first: the notification of its transaction may not have arrived yet."""
     assert target.stream_id is not None
+    data = result.data
     try:
         stable = await storage.transactions.confirm_stable_offset(
-            target.stream_id, result.next_offset, transactional_producers(result.data)
+            target.stream_id, result.next_offset, transactional_producers(data)
         )
     except IcefloeError as exc:
         target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
-        target.data = b""
+        _drop_data(target)
         return None
     if stable >= result.next_offset:
         target.held_back_to = None
         return result
     target.held_back_to = result.next_offset
-    data = cut_before(result.data, stable)
+    data = cut_before(data, stable)
     if not data:
         return None
-    return ReadResult(data, max(stable, target.next_offset))
+    return ReadResult((data,), max(stable, target.next_offset))
 
 
 async def _read(storage: StreamStorage, target: _Partition, max_bytes: int) -> ReadResult | None:
@@ -328,7 +363,7 @@ async def _read(storage: StreamStorage, target: _Partition, max_bytes: int) -> R
         target.error = ErrorCode.offset_out_of_range
     except IcefloeError as exc:
         target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
-    target.data = b""
+    _drop_data(target)
     return None
 
 
@@ -348,7 +383,7 @@ async def _responses(
 
 async def _aborted(storage: StreamStorage, module: Any, target: _Partition) -> tuple[Any, ...]:
     """The aborted transactions whose records the data may hold, for the consumer to skip."""
-    producers = transactional_producers(target.data)
+    producers = set().union(*map(transactional_producers, target.parts))
     if not producers or target.stream_id is None:
         return ()
     try:
@@ -357,7 +392,7 @@ async def _aborted(storage: StreamStorage, module: Any, target: _Partition) -> t
         )
     except IcefloeError as exc:
         target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
-        target.data = b""
+        _drop_data(target)
         return ()
     return tuple(
         make(module.AbortedTransaction, producer_id=a.producer_id, first_offset=a.first_offset)
@@ -384,17 +419,18 @@ async def _partition_response(
             log_start = await storage.index.log_start_hint(target.stream_id)
         except IcefloeError as exc:
             target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
-            target.data, high_watermark, log_start = b"", -1, -1
+            _drop_data(target)
+            high_watermark = log_start = -1
     stable, aborted = high_watermark, None
     if target.readable:
         assert target.stream_id is not None
         stable = storage.transactions.stable_offset(target.stream_id, high_watermark)
     if isolation_level != _READ_UNCOMMITTED:
         # What was returned lies below the last stable offset (checked as it was read).
-        stable = max(stable, target.next_offset) if target.data else stable
+        stable = max(stable, target.next_offset) if target.size else stable
         aborted = await _aborted(storage, module, target)
-    if target.data:
-        metrics.BYTES_OUT.labels(target.topic).inc(len(target.data))
+    if target.size:
+        metrics.BYTES_OUT.labels(target.topic).inc(target.size)
     return make(
         module.PartitionData,
         partition_index=target.index,
@@ -405,5 +441,5 @@ async def _partition_response(
         # Kafka sends null for read_uncommitted and the list for read_committed.
         aborted_transactions=aborted,
         preferred_read_replica=-1,
-        records=target.data,
+        records=RecordParts.of(target.parts),
     )
