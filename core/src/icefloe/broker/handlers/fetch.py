@@ -90,7 +90,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     ]
     committed = request.isolation_level != _READ_UNCOMMITTED
     await _fill(ctx.broker.storage, ctx.held, targets, request, committed)
-    copy_small_views(targets)
+    copy_small_views([target.parts for target in targets])
     return make(
         module.FetchResponse,
         throttle_time=_NO_THROTTLE,
@@ -100,8 +100,9 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     )
 
 
-def copy_small_views(targets: list[_Partition]) -> None:
-    """Copy the parts that view a buffer this response uses less than half of.
+def copy_small_views(responses_parts: list[list[Buffer]]) -> None:
+    """Copy, in place in the lists, the parts that view a buffer the response (all its
+    partitions' parts) uses less than half of.
 
     A part read from the WAL may view a larger buffer: one ranged read serves the chunks of
     several partitions (and the gaps between them), a rebuilt row group serves many fetches.
@@ -110,18 +111,18 @@ def copy_small_views(targets: list[_Partition]) -> None:
     sent from where it is.
     """
     used: dict[int, int] = {}
-    for target in targets:
-        for part in target.parts:
+    for parts in responses_parts:
+        for part in parts:
             if isinstance(part, memoryview) and part.obj is not None:
                 used[id(part.obj)] = used.get(id(part.obj), 0) + part.nbytes
-    for target in targets:
-        target.parts = [
+    for parts in responses_parts:
+        parts[:] = [
             bytes(part)
             if isinstance(part, memoryview)
             and part.obj is not None
             and 2 * used[id(part.obj)] < memoryview(part.obj).nbytes
             else part
-            for part in target.parts
+            for part in parts
         ]
 
 
@@ -329,6 +330,11 @@ def _drop_data(target: _Partition) -> None:
     target.parts, target.size = [], 0
 
 
+def _transactional_producers(parts: list[Buffer] | tuple[Buffer, ...]) -> set[int]:
+    """Producers with transactional data in ``parts`` (each holds whole batches)."""
+    return set().union(*map(transactional_producers, parts))
+
+
 async def _stable_part(
     storage: StreamStorage, target: _Partition, result: ReadResult
 ) -> ReadResult | None:
@@ -336,10 +342,9 @@ async def _stable_part(
     Transactional data of a producer this broker knows no open transaction of is checked in
     the store first: the notification of its transaction may not have arrived yet."""
     assert target.stream_id is not None
-    data = result.data
     try:
         stable = await storage.transactions.confirm_stable_offset(
-            target.stream_id, result.next_offset, transactional_producers(data)
+            target.stream_id, result.next_offset, _transactional_producers(result.parts)
         )
     except IcefloeError as exc:
         target.error = partitions.read_error(exc, f"fetch {target.topic}-{target.index}")
@@ -349,7 +354,7 @@ async def _stable_part(
         target.held_back_to = None
         return result
     target.held_back_to = result.next_offset
-    data = cut_before(data, stable)
+    data = cut_before(result.data, stable)
     if not data:
         return None
     return ReadResult((data,), max(stable, target.next_offset))
@@ -383,7 +388,7 @@ async def _responses(
 
 async def _aborted(storage: StreamStorage, module: Any, target: _Partition) -> tuple[Any, ...]:
     """The aborted transactions whose records the data may hold, for the consumer to skip."""
-    producers = set().union(*map(transactional_producers, target.parts))
+    producers = _transactional_producers(target.parts)
     if not producers or target.stream_id is None:
         return ()
     try:
