@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from icefloe.embedded import local_object_store
 from icefloe.embedded.local_object_store import STALE_TEMP_SECONDS, LocalObjectStore
 from icefloe.errors import AlreadyExistsError, ClosedError, NotFoundError, StorageError
 from icefloe.ports.base import PortKind
@@ -52,14 +53,51 @@ class TestLocalObjectStore(ObjectStoreContract):
         assert store.temp_dir.name.startswith(".")
 
     @pytest.mark.asyncio
-    async def test_no_temporary_file_remains_after_writes(self, store: ObjectStore) -> None:
+    async def test_only_the_empty_spare_remains_after_writes_and_nothing_after_close(
+        self, store: ObjectStore
+    ) -> None:
         assert isinstance(store, LocalObjectStore)
         await store.put("a", b"1")
         await store.put("a", b"2")
         with pytest.raises(AlreadyExistsError):
             await store.put("a", b"3", if_absent=True)
         await store.put_stream("b", chunks_of([b"4", b"5"]), if_absent=True)
+        await asyncio.sleep(0.1)  # the spare is made behind the put
+        assert [p.stat().st_size for p in store.temp_dir.iterdir()] == [0]
+        await store.close()
         assert list(store.temp_dir.iterdir()) == []
+
+    @pytest.mark.asyncio
+    async def test_a_put_writes_into_the_spare_made_after_the_put_before(
+        self, store: ObjectStore
+    ) -> None:
+        assert isinstance(store, LocalObjectStore)
+        await store.put("first", b"1")
+        spare = await _the_spare(store)
+        inode = spare.stat().st_ino
+
+        await store.put("second", b"2")
+
+        assert (store.root / "second").stat().st_ino == inode  # the spare became the object
+        assert not spare.exists()
+        assert (store.root / "second").read_bytes() == b"2"
+        assert await _the_spare(store) != spare
+
+    @pytest.mark.asyncio
+    async def test_a_spare_left_unused_too_long_is_replaced(
+        self, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert isinstance(store, LocalObjectStore)
+        await store.put("first", b"1")
+        spare = await _the_spare(store)
+        spare.write_bytes(b"not the put's bytes")  # as if the file had been reused
+        monkeypatch.setattr(local_object_store, "SPARE_MAX_AGE_S", 0.0)
+
+        await store.put("second", b"2")
+
+        assert (store.root / "second").read_bytes() == b"2"  # a fresh file, not the spare
+        assert not spare.exists()  # removed, not left behind
+        assert await store.get("first") == b"1"
 
     @pytest.mark.asyncio
     async def test_delete_prunes_empty_folders_but_keeps_the_root(self, store: ObjectStore) -> None:
@@ -180,3 +218,13 @@ class TestLocalObjectStore(ObjectStoreContract):
         os.utime(stale, (old, old))
         await (await self.open_store(tmp_path, options)).close()
         assert (stale.exists(), fresh.exists()) == (False, True)
+
+
+async def _the_spare(store: LocalObjectStore) -> Path:
+    """The temporary file made for the next put, once it is there."""
+    deadline = time.monotonic() + 10
+    while not (files := list(store.temp_dir.iterdir())):
+        assert time.monotonic() < deadline, "no spare temporary file made"
+        await asyncio.sleep(0.01)
+    [spare] = files
+    return spare

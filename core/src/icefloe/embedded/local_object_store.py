@@ -11,7 +11,8 @@ filesystem, so that the finished file can be moved or linked into place atomical
   exactly one of any number of racing writers wins, across threads and processes alike.
 
 The data is fsync-ed before the commit and the folder after it, so a returned put survives a
-crash. A writer that dies mid-write leaves only a temporary file, removed by a later ``open``.
+crash. A writer that dies mid-write leaves only a temporary file, removed by a later ``open``
+(as is the empty one each store keeps ready for its next put, see :class:`_SpareTempFile`).
 
 Blocking file I/O runs on a bounded thread pool (``io_threads``). One exception: a ranged
 read for ``get_view`` (how WAL chunks are read for fetches) first copies what the page cache
@@ -30,6 +31,7 @@ import contextlib
 import itertools
 import os
 import stat
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
@@ -56,6 +58,12 @@ Ts = TypeVarTuple("Ts")
 TEMP_FOLDER_SUFFIX: Final = ".icefloe-tmp"
 STALE_TEMP_SECONDS: Final = 24 * 3600
 """A temporary file untouched this long belongs to a dead writer (live ones write or commit)."""
+SPARE_MAX_AGE_S: Final = 3600.0
+"""A temporary file made ahead of a put is used within this long, or replaced."""
+SPARE_DELAY_S: Final = 0.003
+"""How long after a put its successor's temporary file is made: a file created while the
+caller's next step fsyncs (a WAL put is followed by the index commit) joins that fsync's
+journal commit and slows it; a few milliseconds later the filesystem is idle again."""
 
 _READ_FROM_CACHE_AT_ONCE: Final = 8 << 20
 """Most bytes a ranged read copies from the page cache on the event loop (about a
@@ -104,6 +112,8 @@ class LocalObjectStore(ObjectStore):
             translate=self._translate,
             sdk_types=(OSError,),
         )
+        self._spare = _SpareTempFile(self._temp)
+        self._making_spare: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, options: LocalObjectStoreOptions, context: OpenContext) -> Self:
@@ -128,6 +138,9 @@ class LocalObjectStore(ObjectStore):
     async def close(self) -> None:
         """Refuse new file operations, then wait for the running ones."""
         await self._files.close()
+        if self._making_spare is not None:
+            await self._making_spare
+        self._spare.discard()
 
     # --- primitives ------------------------------------------------------------------------
 
@@ -136,7 +149,10 @@ class LocalObjectStore(ObjectStore):
     ) -> ObjectInfo:
         self._check_open()
         self.stats.record(RequestKind.PUT, memoryview(data).nbytes)
-        return await self._run(self._put_file, key, data, if_absent)
+        try:
+            return await self._run(self._put_file, key, data, if_absent)
+        finally:
+            self._make_spare()
 
     async def _put_stream(
         self, key: str, chunks: AsyncIterable[bytes | bytearray | memoryview], if_absent: bool
@@ -271,6 +287,17 @@ class LocalObjectStore(ObjectStore):
         except ClosedError:
             temp.discard()  # close() has begun: clean up here instead
 
+    def _make_spare(self) -> None:
+        """Make the next put's temporary file soon, on the pool, unless that is under way."""
+        if self._making_spare is None or self._making_spare.done():
+            self._making_spare = asyncio.create_task(self._make_spare_file())
+
+    async def _make_spare_file(self) -> None:
+        # Only a head start: a put that finds no spare makes its own file.
+        await asyncio.sleep(SPARE_DELAY_S)
+        with contextlib.suppress(ClosedError, OSError):
+            await self._files.run(self._spare.make)
+
     def _url(self, key: str) -> str:
         return Path(self._root, *key.split("/")).as_uri()
 
@@ -287,7 +314,7 @@ class LocalObjectStore(ObjectStore):
         self, key: str, data: bytes | bytearray | memoryview, if_absent: bool
     ) -> ObjectInfo:
         final = self._path_of(key)
-        temp = _TempFile(self._temp)
+        temp = self._spare.take()
         try:
             temp.write(data)
             info = temp.seal(key)
@@ -412,6 +439,7 @@ class _TempFile:
     def __init__(self, folder: str) -> None:
         self.path = os.path.join(folder, f"{uuid.uuid4().hex}.part")
         self._file = open(self.path, "xb")  # noqa: SIM115 - closed by seal() or discard()
+        self.made_at = time.monotonic()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._file.write(data)
@@ -432,6 +460,53 @@ class _TempFile:
             self._file.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+class _SpareTempFile:
+    """One temporary file made ahead of the next put (on the pool, after each put).
+
+    Creating a file costs as much as a small put's fsyncs on some filesystems (0.7 ms on an
+    ext4 virtual disk, against 0.4 ms for the fsync of 30 KB): a producer sending a request
+    every few milliseconds waits for one WAL put each, and the spare takes the creation off
+    that path. A spare
+    older than :data:`SPARE_MAX_AGE_S` is not used: another process's start may already have
+    taken it for a dead writer's file, if it lay unused long enough.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self._folder = folder
+        self._lock = threading.Lock()
+        self._file: _TempFile | None = None
+
+    def take(self) -> _TempFile:
+        """The spare if there is a fresh one, else a new file (blocking)."""
+        with self._lock:
+            spare, self._file = self._file, None
+        if spare is not None:
+            if time.monotonic() - spare.made_at < SPARE_MAX_AGE_S:
+                return spare
+            spare.discard()
+        return _TempFile(self._folder)
+
+    def make(self) -> None:
+        """Make the spare if there is none (blocking)."""
+        if self._file is None:
+            made = _TempFile(self._folder)
+            if not self._keep(made):
+                made.discard()  # another thread made one meanwhile
+
+    def _keep(self, made: _TempFile) -> bool:
+        with self._lock:
+            if self._file is None:
+                self._file = made
+                return True
+            return False
+
+    def discard(self) -> None:
+        with self._lock:
+            spare, self._file = self._file, None
+        if spare is not None:
+            spare.discard()
 
 
 def _absolute(path: Path) -> Path:
