@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 CLOSE_GRACE_S = 5.0
+DOOMED_LINGER_S: Final = 1.0
+"""How long a connection closed by the broker (a failed login) stays open after its last
+answer, for the client to read it and close first."""
 """How long a closing connection may take to send what it still has queued."""
 
 Handler = Callable[["RequestContext", Any], Awaitable[Any]]
@@ -392,6 +395,11 @@ class KafkaServer:
             finally:
                 pending.held.release()
             if connection.doomed:
+                # The client closes once it has read the answer; close only after that (or a
+                # moment): a client that sees the close arrive with the answer may report the
+                # close and drop the answer (kafka-python 3 did, for a failed login).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wire.wait_closed(), DOOMED_LINGER_S)
                 return
 
 
