@@ -62,8 +62,7 @@ class TestLocalObjectStore(ObjectStoreContract):
         with pytest.raises(AlreadyExistsError):
             await store.put("a", b"3", if_absent=True)
         await store.put_stream("b", chunks_of([b"4", b"5"]), if_absent=True)
-        await asyncio.sleep(0.1)  # the spare is made behind the put
-        assert [p.stat().st_size for p in store.temp_dir.iterdir()] == [0]
+        assert (await _the_spare(store)).stat().st_size == 0  # the only temporary file
         await store.close()
         assert list(store.temp_dir.iterdir()) == []
 

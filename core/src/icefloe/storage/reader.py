@@ -148,20 +148,38 @@ class _Pieces:
 
 
 def joined(parts: Sequence[Buffer]) -> Buffer:
-    """``parts`` in one buffer: a lone part as it is if it is most of the buffer it views,
-    else a copy (see :func:`mostly_its_buffer`)."""
-    if len(parts) == 1 and mostly_its_buffer(parts[0]):
-        return parts[0]
+    """``parts`` in one buffer: a lone part as it is unless :func:`copy_small_views` would
+    copy it, several joined into a new one."""
+    if len(parts) == 1:
+        only = [list(parts)]
+        copy_small_views(only)
+        return only[0][0]
     return bytearray().join(parts)
 
 
-def mostly_its_buffer(data: Buffer) -> bool:
-    """Whether ``data`` is at least half of the buffer it views. A response holding a view
-    holds its whole buffer (a span read for several partitions, a rebuilt row group), while
-    the broker's memory budget counts only the view: a small view is copied instead."""
-    if not isinstance(data, memoryview) or data.obj is None:
-        return True
-    return 2 * data.nbytes >= memoryview(data.obj).nbytes
+def copy_small_views(part_lists: Sequence[list[Buffer]]) -> None:
+    """Copy, in place in the lists, the parts that view a buffer all the lists together use
+    less than half of.
+
+    A part may view a larger buffer: one ranged read serves the chunks of several partitions
+    (and the gaps between them), a rebuilt row group serves many fetches. Whoever keeps the
+    part keeps the whole buffer, while the broker's memory budget counts only the part; a
+    buffer mostly used by the lists (a fetch response's partitions) is kept as it is.
+    """
+    used: dict[int, int] = {}
+    for parts in part_lists:
+        for part in parts:
+            if isinstance(part, memoryview) and part.obj is not None:
+                used[id(part.obj)] = used.get(id(part.obj), 0) + part.nbytes
+    for parts in part_lists:
+        parts[:] = [
+            bytes(part)
+            if isinstance(part, memoryview)
+            and part.obj is not None
+            and 2 * used[id(part.obj)] < memoryview(part.obj).nbytes
+            else part
+            for part in parts
+        ]
 
 
 def _cancel(chunks: list[_Chunk]) -> None:
@@ -180,7 +198,7 @@ class ReadResult:
     parts: tuple[Buffer, ...]
     """Whole record batches, base offsets patched, in the buffers they were read into (a
     response sends them from there); the first holds the requested offset. Parts may view
-    larger buffers: see :func:`mostly_its_buffer` before holding on to them."""
+    larger buffers: see :func:`copy_small_views` before holding on to them."""
     next_offset: int
     """The offset after the last record returned (the next read starts here)."""
     truncated: bool = False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,7 +36,7 @@ from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError
 from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage.engine import StreamStorage
-from icefloe.storage.reader import OffsetOutOfRange, ReadResult
+from icefloe.storage.reader import OffsetOutOfRange, ReadResult, copy_small_views
 from icefloe.storage.transactions import cut_before, transactional_producers
 from icefloe.topics import internal
 
@@ -90,6 +91,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     ]
     committed = request.isolation_level != _READ_UNCOMMITTED
     await _fill(ctx.broker.storage, ctx.held, targets, request, committed)
+    # One response holds all its partitions' parts: a buffer they share counts once.
     copy_small_views([target.parts for target in targets])
     return make(
         module.FetchResponse,
@@ -98,32 +100,6 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         session_id=0,
         responses=await _responses(ctx, module, targets, request.isolation_level),
     )
-
-
-def copy_small_views(responses_parts: list[list[Buffer]]) -> None:
-    """Copy, in place in the lists, the parts that view a buffer the response (all its
-    partitions' parts) uses less than half of.
-
-    A part read from the WAL may view a larger buffer: one ranged read serves the chunks of
-    several partitions (and the gaps between them), a rebuilt row group serves many fetches.
-    Sending it by reference holds the whole buffer until the response is sent, while the
-    broker's memory budget counts only the parts; a buffer mostly used by this response is
-    sent from where it is.
-    """
-    used: dict[int, int] = {}
-    for parts in responses_parts:
-        for part in parts:
-            if isinstance(part, memoryview) and part.obj is not None:
-                used[id(part.obj)] = used.get(id(part.obj), 0) + part.nbytes
-    for parts in responses_parts:
-        parts[:] = [
-            bytes(part)
-            if isinstance(part, memoryview)
-            and part.obj is not None
-            and 2 * used[id(part.obj)] < memoryview(part.obj).nbytes
-            else part
-            for part in parts
-        ]
 
 
 async def _target(ctx: RequestContext, topic: str, request: Any) -> _Partition:
@@ -330,7 +306,7 @@ def _drop_data(target: _Partition) -> None:
     target.parts, target.size = [], 0
 
 
-def _transactional_producers(parts: list[Buffer] | tuple[Buffer, ...]) -> set[int]:
+def _transactional_producers(parts: Sequence[Buffer]) -> set[int]:
     """Producers with transactional data in ``parts`` (each holds whole batches)."""
     return set().union(*map(transactional_producers, parts))
 

@@ -1,10 +1,10 @@
-"""A fetch response sends parts from the buffers they were read into only where the response
-uses most of such a buffer: otherwise it would hold memory the broker's budget does not count."""
+"""Read parts are kept in the buffers they were read into only where their holder (a fetch
+response) uses most of such a buffer: otherwise it would hold memory the broker's budget does
+not count."""
 
 from __future__ import annotations
 
-from icefloe.broker.handlers.fetch import copy_small_views
-from icefloe.broker.protocol import Buffer
+from icefloe.storage.reader import Buffer, copy_small_views, joined
 
 
 def test_views_of_a_buffer_the_response_mostly_uses_are_sent_from_it() -> None:
@@ -40,3 +40,13 @@ def test_one_partitions_views_count_together() -> None:
     copy_small_views(partitions)
 
     assert all(part is view for part, view in zip(partitions[0], halves, strict=True))
+
+
+def test_a_lone_part_is_joined_as_it_is_unless_it_is_a_small_view() -> None:
+    whole = memoryview(bytearray(b"w" * 10))
+    small = memoryview(bytearray(b"s" * 100))[:10]
+
+    assert joined([whole]) is whole
+    assert joined([small]) == b"s" * 10
+    assert not isinstance(joined([small]), memoryview)
+    assert joined([b"a", b"b"]) == b"ab"
