@@ -83,6 +83,58 @@ async def test_fetches_smaller_than_a_row_group_rebuild_it_once(
     assert store.stats.requests[RequestKind.GET] - gets == 2
 
 
+async def append_row_groups(storage: StreamStorage, stream: int, count: int) -> None:
+    """Append batches of 2 KB records that compact into ``count`` row groups of 8 batches."""
+    for base in range(0, 8 * 64 * count, 64):
+        values = [os.urandom(1000).hex().encode() for _ in range(64)]
+        await storage.append(stream, [Record(base + i, 0, None, v) for i, v in enumerate(values)])
+
+
+async def test_a_fetch_inside_a_row_group_has_the_next_group_rebuilt_ahead(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await append_row_groups(storage, stream, 3)
+    await compactor.until_idle()
+    [entry] = await storage.index.scan(stream)
+    assert isinstance(entry.location, ParquetLocation)
+    assert len(entry.location.row_groups) == 3
+    _, last_of_first = entry.location.row_groups[0]
+    store = storage.object_store
+
+    await storage.read_records(stream, 0, max_bytes=1)  # inside the first row group
+    gets = store.stats.requests[RequestKind.GET]
+    deadline = time.monotonic() + 10
+    while store.stats.requests[RequestKind.GET] == gets:  # the second group, unasked
+        assert time.monotonic() < deadline, "the next row group was not read ahead"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # let the rebuild finish
+    gets = store.stats.requests[RequestKind.GET]
+    records = await storage.read_records(stream, last_of_first + 1, max_bytes=1)
+    assert records[0].offset == last_of_first + 1
+    assert store.stats.requests[RequestKind.GET] == gets  # the group was there already
+
+
+async def test_reading_the_last_row_group_reads_nothing_ahead(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await append_row_groups(storage, stream, 2)
+    await compactor.until_idle()
+    [entry] = await storage.index.scan(stream)
+    assert isinstance(entry.location, ParquetLocation)
+    assert len(entry.location.row_groups) == 2
+    first_of_last, _ = entry.location.row_groups[-1]
+    store = storage.object_store
+
+    await storage.read_records(stream, first_of_last, max_bytes=1)
+    gets = store.stats.requests[RequestKind.GET]
+    await asyncio.sleep(0.3)
+    assert store.stats.requests[RequestKind.GET] == gets
+
+
 async def test_log_append_time_survives_compaction(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
 ) -> None:

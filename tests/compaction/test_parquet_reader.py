@@ -63,3 +63,18 @@ async def test_reading_one_row_group_fetches_only_its_bytes(tmp_path: Path) -> N
     assert store.stats.bytes[RequestKind.GET] - fetched < 2 * size
     assert store.stats.bytes[RequestKind.GET] - fetched < len(data) / 2
     await store.close()
+
+
+def test_values_are_written_plain_and_keys_and_headers_with_a_dictionary() -> None:
+    builder = RowBuilder(0)
+    records = [
+        Record(i, 1_700_000_000_000, b"key-%d" % (i % 3), os.urandom(64), (("type", b"order"),))
+        for i in range(100)
+    ]
+    builder.add_batch(build_batch(records, base_offset=0), 0)
+    data, _ = encode_parquet(builder.table())
+    group = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(13)}
+    assert "RLE_DICTIONARY" not in encodings["value"]
+    for path in ("key", "headers.list.element.key", "headers.list.element.value", "offset"):
+        assert "RLE_DICTIONARY" in encodings[path], path

@@ -10,6 +10,7 @@ transport detail the consumer decodes anyway).
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 from collections.abc import Iterable
@@ -39,6 +40,11 @@ STATISTICS_COLUMNS: Final = [
 ]
 """Columns with Parquet statistics (a missing one is skipped): what readers filter on, and the
 typed columns' error columns, whose null counts are the dead letters of a file."""
+NO_DICTIONARY_COLUMNS: Final = frozenset({"value"})
+"""Columns written without dictionary encoding. Record values are rarely repeated, so their
+dictionary grows to its size limit with nearly every value in it: the row group is written
+as a dictionary plus indices (hashing every value) and read back through a gather copy.
+Keys and headers keep it: they often repeat (a compacted topic's keys, header names)."""
 log = logging.getLogger(__name__)
 
 _COMPRESSION_BITS: Final = 0x07
@@ -235,6 +241,7 @@ def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
         sink,
         table.schema,  # ROW_SCHEMA, and a schema-backed topic's typed columns after it
         compression="zstd",
+        use_dictionary=_dictionary_columns(table.schema),
         write_statistics=STATISTICS_COLUMNS,
         store_schema=False,  # no Arrow metadata: Iceberg and Delta read the Parquet schema
     ) as writer:
@@ -287,6 +294,17 @@ def encode_dead_letters(table: pa.Table) -> bytes:
         store_schema=False,
     )
     return sink.getvalue()
+
+
+@functools.lru_cache(maxsize=64)
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The Parquet leaf columns of ``schema`` to dictionary-encode: all but
+    :data:`NO_DICTIONARY_COLUMNS` (the writer takes leaf paths, ``headers.list.element.key``)."""
+    sink = io.BytesIO()
+    pq.write_table(schema.empty_table(), sink, store_schema=False)
+    parquet_schema = pq.ParquetFile(io.BytesIO(sink.getvalue())).schema
+    paths = (parquet_schema.column(i).path for i in range(len(parquet_schema)))
+    return [path for path in paths if path not in NO_DICTIONARY_COLUMNS]
 
 
 def _leaf_index(metadata: pq.FileMetaData, name: str) -> int:

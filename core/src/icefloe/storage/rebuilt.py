@@ -103,6 +103,10 @@ class RebuiltGroups:
         finally:
             del self._loading[key]
 
+    def holds(self, key: GroupKey) -> bool:
+        """Whether ``key`` is cached or being loaded."""
+        return key in self._groups or key in self._loading
+
     def _keep(self, key: GroupKey, group: RebuiltGroup) -> None:
         size = len(group.data)
         if size > self._capacity:
