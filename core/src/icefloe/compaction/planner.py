@@ -99,9 +99,14 @@ async def plan_task(
     force: bool = False,
     transactions: TransactionMarks | None = None,
     busy: frozenset[int] = frozenset(),
+    compacted_through: dict[int, int] | None = None,
 ) -> Plan | None:
     """The next run, or ``None`` when nothing is due. ``force`` ignores ages and sizes.
     ``busy`` streams (in a run not finished yet) are left out.
+
+    ``compacted_through`` remembers, across calls, where each stream's leading entries in
+    tables end: compaction takes WAL entries from the front, so those never need reading
+    again, and a pass over an idle broker reads one page per stream, not its whole index.
 
     With ``transactions``, a stream is compacted only up to its last stable offset (records
     of open transactions stay in the WAL until they are decided), and the task learns which
@@ -118,7 +123,15 @@ async def plan_task(
         for partition, stream_id in enumerate(topic.streams):
             if stream_id in busy:
                 continue
-            wal_entries = [e async for e in index.entries(stream_id) if e.in_wal]
+            after = 0 if compacted_through is None else compacted_through.get(stream_id, 0)
+            wal_entries = []
+            async for entry in index.entries(stream_id, after_end=after):
+                if entry.in_wal:
+                    wal_entries.append(entry)
+                elif not wal_entries:
+                    after = entry.end
+            if compacted_through is not None:
+                compacted_through[stream_id] = after
             entries = _due(wal_entries, topic, options, now_ms, force, budget)[:entries_left]
             if entries and transactions is not None:
                 entries = await _stable(transactions, stream_id, entries, aborted)

@@ -84,7 +84,10 @@ class Compactor:
             is_live=self._is_live,
         )
         self._next_maintenance = 0.0
+        self._next_retention_check = 0.0
         self._next_orphan_sweep = 0.0
+        self._compacted_through: dict[int, int] = {}
+        """Where each stream's leading entries in tables end, as the planner last saw it."""
         self._next_backlog_report = 0.0
         self._reported_backlog: set[str] = set()
         """Topics whose backlog gauges this compactor set (as leader)."""
@@ -187,6 +190,7 @@ class Compactor:
                         force=force,
                         transactions=self.storage.transactions,
                         busy=busy,
+                        compacted_through=self._compacted_through,
                     )
                     if plan is None:
                         break
@@ -289,6 +293,8 @@ class Compactor:
         """Log-compact what is due, rewrite small files (a bounded number of runs, so
         compaction is not held up), then collect garbage (orphans every
         ``orphan_sweep_interval_s``: finding them lists every table)."""
+        # Forgotten now and then, so nothing the planner assumed can hide WAL entries for long.
+        self._compacted_through.clear()
         await self.clean_once()
         for _ in range(REWRITES_PER_ROUND):
             if await self.rewrite_once() is None:
@@ -322,7 +328,11 @@ class Compactor:
                 while not stop.is_set() and session.alive:
                     try:
                         await self.compact_once()
-                        await self.enforce_retention()
+                        if time.monotonic() >= self._next_retention_check:
+                            self._next_retention_check = (
+                                time.monotonic() + self._options.retention_check_interval_s
+                            )
+                            await self.enforce_retention()
                         await self.clean_once()
                         if time.monotonic() >= self._next_maintenance:
                             self._next_maintenance = (

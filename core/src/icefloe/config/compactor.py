@@ -42,6 +42,10 @@ class CompactorOptions(BaseModel):
     rewrite_min_files: int = Field(default=8, ge=2)
     """How many consecutive small files make a rewrite worth it (topic config
     ``icefloe.table.rewrite.min.files``)."""
+    retention_check_interval_s: float = Field(default=300.0, gt=0)
+    """How often the compaction leader applies ``retention.ms`` and ``retention.bytes``
+    (Kafka's ``log.retention.check.interval.ms``, also five minutes): each check reads every
+    partition's index."""
     maintenance_interval_s: float = Field(default=60.0, gt=0)
     """How often the compaction leader looks for small files to merge and files to delete."""
     orphan_sweep_interval_s: float = Field(default=3600.0, gt=0)
