@@ -83,25 +83,29 @@ async def test_fetches_smaller_than_a_row_group_rebuild_it_once(
     assert store.stats.requests[RequestKind.GET] - gets == 2
 
 
-async def append_row_groups(storage: StreamStorage, stream: int, count: int) -> None:
-    """Append batches of 2 KB records that compact into ``count`` row groups of 8 batches."""
+async def compacted_row_groups(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor], count: int
+) -> tuple[int, ParquetLocation]:
+    """A stream of 2 KB records compacted into one data file of ``count`` row groups (of 8
+    batches each), and the file."""
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
     for base in range(0, 8 * 64 * count, 64):
         values = [os.urandom(1000).hex().encode() for _ in range(64)]
         await storage.append(stream, [Record(base + i, 0, None, v) for i, v in enumerate(values)])
+    await compactor.until_idle()
+    [entry] = await storage.index.scan(stream)
+    assert isinstance(entry.location, ParquetLocation)
+    assert len(entry.location.row_groups) == count
+    return stream, entry.location
 
 
 async def test_a_fetch_inside_a_row_group_has_the_next_group_rebuilt_ahead(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
 ) -> None:
-    storage, topics, compactor = parts
-    stream = (await topics.create("t", 1)).streams[0]
-    await append_row_groups(storage, stream, 3)
-    await compactor.until_idle()
-    [entry] = await storage.index.scan(stream)
-    assert isinstance(entry.location, ParquetLocation)
-    assert len(entry.location.row_groups) == 3
-    _, last_of_first = entry.location.row_groups[0]
-    store = storage.object_store
+    storage, store = parts[0], parts[0].object_store
+    stream, location = await compacted_row_groups(parts, 3)
+    _, last_of_first = location.row_groups[0]
 
     await storage.read_records(stream, 0, max_bytes=1)  # inside the first row group
     gets = store.stats.requests[RequestKind.GET]
@@ -118,15 +122,9 @@ async def test_a_fetch_inside_a_row_group_has_the_next_group_rebuilt_ahead(
 async def test_reading_the_last_row_group_reads_nothing_ahead(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
 ) -> None:
-    storage, topics, compactor = parts
-    stream = (await topics.create("t", 1)).streams[0]
-    await append_row_groups(storage, stream, 2)
-    await compactor.until_idle()
-    [entry] = await storage.index.scan(stream)
-    assert isinstance(entry.location, ParquetLocation)
-    assert len(entry.location.row_groups) == 2
-    first_of_last, _ = entry.location.row_groups[-1]
-    store = storage.object_store
+    storage, store = parts[0], parts[0].object_store
+    stream, location = await compacted_row_groups(parts, 2)
+    first_of_last, _ = location.row_groups[-1]
 
     await storage.read_records(stream, first_of_last, max_bytes=1)
     gets = store.stats.requests[RequestKind.GET]

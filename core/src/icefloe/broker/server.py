@@ -47,10 +47,10 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 CLOSE_GRACE_S = 5.0
+"""How long a closing connection may take to send what it still has queued."""
 DOOMED_LINGER_S: Final = 1.0
 """How long a connection closed by the broker (a failed login) stays open after its last
 answer, for the client to read it and close first."""
-"""How long a closing connection may take to send what it still has queued."""
 
 Handler = Callable[["RequestContext", Any], Awaitable[Any]]
 

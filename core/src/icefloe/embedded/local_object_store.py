@@ -468,9 +468,8 @@ class _SpareTempFile:
     Creating a file costs as much as a small put's fsyncs on some filesystems (0.7 ms on an
     ext4 virtual disk, against 0.4 ms for the fsync of 30 KB): a producer sending a request
     every few milliseconds waits for one WAL put each, and the spare takes the creation off
-    that path. A spare
-    older than :data:`SPARE_MAX_AGE_S` is not used: another process's start may already have
-    taken it for a dead writer's file, if it lay unused long enough.
+    that path. A spare older than :data:`SPARE_MAX_AGE_S` is not used: another process's start
+    may already have taken it for a dead writer's file, if it lay unused long enough.
     """
 
     def __init__(self, folder: str) -> None:
