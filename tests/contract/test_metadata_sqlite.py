@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from icefloe.embedded import sqlite_metadata
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
 from icefloe.errors import AlreadyExistsError, UnavailableError
 from icefloe.ports.metadata import MUST_NOT_EXIST, RESET, EventKind, MetadataStore
@@ -89,9 +90,10 @@ class TestSqliteMetadataStore(MetadataStoreContract):
     @pytest.mark.asyncio
     async def test_watcher_behind_the_pruned_changelog_gets_reset(self, tmp_path: Path) -> None:
         options = {**self.backend_options(tmp_path, ""), "changelog_retention": 4}
-        # This store never polls: it learns of the other store's changes only when it
-        # commits itself, long after they were pruned.
-        watching = await self.open_store(tmp_path, {**options, "poll_interval": 3600})
+        # This store never polls nor listens: it learns of the other store's changes only
+        # when it commits itself, long after they were pruned.
+        never = {"poll_interval": 3600, "listen_for_writes": False}
+        watching = await self.open_store(tmp_path, {**options, **never})
         writing = await self.open_store(tmp_path, options)
         try:
             async with watching.watch("w/") as watch:
@@ -186,9 +188,95 @@ class TestSqliteMetadataStore(MetadataStoreContract):
         assert session.lost.done()
         assert read_value(Path(options["path"]), "live/key") is None
 
+    @pytest.mark.asyncio
+    async def test_a_quiet_store_asks_for_changes_only_when_it_hears_a_write(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # With the safety-net check an hour away, the change can only arrive by being heard.
+        monkeypatch.setattr(sqlite_metadata, "QUIET_AFTER_S", 0.05)
+        monkeypatch.setattr(sqlite_metadata, "IDLE_CHECK_S", 3600.0)
+        asked = count_calls(monkeypatch, "data_version")
+        options = self.backend_options(tmp_path, "")
+        first = await self.open_store(tmp_path, options)
+        second = await self.open_store(tmp_path, options)
+        try:
+            async with first.watch("k/") as watch:
+                await asyncio.sleep(0.5)  # long past QUIET_AFTER_S
+                asked_at_rest = asked.count
+                await asyncio.sleep(0.5)
+                assert asked.count == asked_at_rest, "nobody wrote, yet the store asked"
+                record = await second.put("k/1", b"v")
+                event = await next_event(watch)
+            assert (event.kind, event.key, event.version) == (EventKind.PUT, "k/1", record.version)
+        finally:
+            await first.close()
+            await second.close()
+
+    @pytest.mark.asyncio
+    async def test_a_store_that_does_not_listen_asks_every_poll_interval(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        asked = count_calls(monkeypatch, "data_version")
+        options = {**self.backend_options(tmp_path, ""), "listen_for_writes": False}
+        store = await self.open_store(tmp_path, options)
+        try:
+            async with store.watch("k/"):
+                await asyncio.sleep(0.5)
+                asked_at_rest = asked.count
+                await asyncio.sleep(0.5)  # 50 poll intervals of 10 ms
+                assert asked.count - asked_at_rest >= 10
+        finally:
+            await store.close()
+
+    @pytest.mark.asyncio
+    async def test_sessions_of_one_ttl_renew_in_one_commit(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        renewed = count_calls(monkeypatch, "refresh_session")
+        renewals_per_commit: list[int] = []
+        run_group = sqlite_metadata._Database.run_group
+
+        def counting_run_group(db: Any, calls: list[Any]) -> Any:
+            before = renewed.count
+            try:
+                return run_group(db, calls)
+            finally:
+                if renewed.count > before:
+                    renewals_per_commit.append(renewed.count - before)
+
+        monkeypatch.setattr(sqlite_metadata._Database, "run_group", counting_run_group)
+        store = await self.open_store(tmp_path, self.backend_options(tmp_path, ""))
+        try:
+            for _ in range(3):
+                await store.open_session(0.6)  # renewed every 0.2 s
+            await asyncio.sleep(0.25)  # every session has renewed once since all exist
+            renewals_per_commit.clear()
+            await asyncio.sleep(1.0)
+            assert renewals_per_commit, "no session was renewed"
+            assert set(renewals_per_commit) == {3}
+        finally:
+            await store.close()
+
 
 def read_value(path: Path, key: str) -> bytes | None:
     """Read ``key`` straight from the database file, bypassing the adapter."""
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
         row = db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
     return None if row is None else bytes(row[0])
+
+
+class CallCount:
+    count = 0
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, method: str) -> CallCount:
+    """Count the calls of one of the SQL side's methods (they run on the store's thread)."""
+    counted = CallCount()
+    original = getattr(sqlite_metadata._Database, method)
+
+    def counting(db: Any, *args: Any) -> Any:
+        counted.count += 1
+        return original(db, *args)
+
+    monkeypatch.setattr(sqlite_metadata._Database, method, counting)
+    return counted

@@ -40,6 +40,7 @@ from typing import Any, Final, ParamSpec, Self, TypeVar
 from pydantic import Field
 
 from icefloe.adapters.watch_queue import WatchQueue
+from icefloe.embedded.file_writes import FileWrites
 from icefloe.errors import (
     AlreadyExistsError,
     ClosedError,
@@ -76,6 +77,15 @@ DEFAULT_FILE_NAME: Final = "metadata.db"
 
 _CHANGE_BATCH: Final = 1000
 """Changes read per query by the watch pump; bounds the memory of one catch-up step."""
+_FILE_SUFFIXES: Final = ("", "-wal", "-journal")
+"""The files a commit writes: the database, and its write-ahead log or rollback journal."""
+QUIET_AFTER_S: Final = 0.5
+"""Once no write to the database's files has been heard of for this long, the watch pump stops
+asking every ``poll_interval`` and waits for the next one. A commit is heard as its pages are
+written and becomes visible once they are synced: well within this."""
+IDLE_CHECK_S: Final = 1.0
+"""How often a quiet watch pump asks all the same, in case a write went unheard (a filesystem
+whose writes by other processes the kernel does not report)."""
 
 _SCHEMA: Final = """
 BEGIN IMMEDIATE;
@@ -127,6 +137,14 @@ class SqliteMetadataOptions(BackendOptions):
         default=0.01,
         gt=0,
         description="Seconds between checks for changes committed by other processes.",
+    )
+    listen_for_writes: bool = Field(
+        default=True,
+        description=(
+            "On Linux, hear of writes to the database's files from the kernel (inotify) and "
+            "check every poll_interval only while they come, about once a second at rest; "
+            "false checks every poll_interval all the time."
+        ),
     )
     changelog_retention: int = Field(
         default=100_000,
@@ -601,7 +619,8 @@ class SqliteMetadataStore(MetadataStore):
     """The embedded metadata store: a SQLite database file, no server.
 
     Several processes may open the same file: writes serialize on SQLite's write lock, and each
-    store polls for the others' changes every ``poll_interval`` to feed its watchers.
+    store asks for the others' changes every ``poll_interval`` to feed its watchers (on Linux
+    only while writes to the file are heard of, see :mod:`icefloe.embedded.file_writes`).
     """
 
     capabilities = frozenset({MetadataStore.MULTI_KEY_TRANSACTION})
@@ -627,6 +646,15 @@ class SqliteMetadataStore(MetadataStore):
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         """Set after every local commit and watcher registration; wakes the watch pump."""
+        self._heard = asyncio.Event()
+        """Set when a write to the database's files is heard of; wakes a quiet watch pump."""
+        self._file_writes = (
+            FileWrites.watch(
+                path.parent, [path.name + suffix for suffix in _FILE_SUFFIXES], self._heard.set
+            )
+            if options.listen_for_writes
+            else None
+        )
         self._queued: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         """Writes waiting for the next group commit."""
         self._committer: asyncio.Task[None] | None = None
@@ -815,10 +843,23 @@ class SqliteMetadataStore(MetadataStore):
                 _log.warning("watch pump of %s: %s", self._path, exc)
 
     async def _wait_for_change(self) -> bool:
-        """Wait for a local change or ``poll_interval``; ``True`` if a local change woke us."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._options.poll_interval):
-                await self._changed.wait()
+        """Wait for a local change, or until it is time to ask about other processes' changes:
+        after ``poll_interval`` while writes to the database are heard of (or cannot be), at
+        the next write heard (or :data:`IDLE_CHECK_S`) once they have stopped. ``True`` if a
+        local change woke us."""
+        writes = self._file_writes
+        if writes is not None and writes.quiet_for(QUIET_AFTER_S):
+            self._heard.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (self._changed, self._heard)]
+            try:
+                await asyncio.wait(waits, timeout=IDLE_CHECK_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._options.poll_interval):
+                    await self._changed.wait()
         woken = self._changed.is_set()
         self._changed.clear()
         return woken
@@ -852,10 +893,13 @@ class SqliteMetadataStore(MetadataStore):
         return session
 
     async def _heartbeat_forever(self, session: _SqliteSession) -> None:
+        period = session.ttl / 3
         while session.alive:
-            await asyncio.sleep(session.ttl / 3)
+            # On a clock shared by the store's sessions: those of one TTL renew at the same
+            # moment, and so in one group commit, rather than each with its own write.
+            await asyncio.sleep(period - time.monotonic() % period)
             try:
-                alive = await self._submit(self._db.refresh_session, session.id, session.ttl)
+                alive = await self._write(self._db.refresh_session, session.id, session.ttl)
             except ClosedError:
                 return
             except StorageError as exc:
@@ -924,6 +968,8 @@ class SqliteMetadataStore(MetadataStore):
         for watch in list(self._watchers):
             watch.stop()
         self._watchers.clear()
+        if self._file_writes is not None:
+            self._file_writes.close()
         try:
             await self._submit(self._db.close)
         finally:
