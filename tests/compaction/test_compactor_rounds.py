@@ -1,13 +1,16 @@
-"""What the compaction leader's background rounds read and apply: each stream's index from
-where its entries in tables end, and retention at its own interval."""
+"""What the compaction leader's background rounds read and apply: each stream's index entries
+written since the last round, and retention at its own interval."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
-from icefloe.compaction.planner import plan_task
+import pytest
+
+from icefloe.compaction.planner import StreamBacklog, plan_task
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
 from icefloe.storage.engine import StreamStorage
@@ -36,23 +39,78 @@ async def test_the_planner_remembers_where_table_entries_end_and_still_finds_new
         tables_end[stream] = entry.end
 
     now = int(time.time() * 1000)
-    compacted_through: dict[int, int] = {}
-    nothing = await plan_task(
-        storage.index, [topic], options, now, force=True, compacted_through=compacted_through
-    )
+    backlogs: dict[int, StreamBacklog] = {}
+    nothing = await plan_task(storage.index, [topic], options, now, force=True, backlogs=backlogs)
     assert nothing is None
-    assert compacted_through == tables_end
+    assert {stream: b.tables_end for stream, b in backlogs.items()} == tables_end
+    assert all(b.oldest_ms is None for b in backlogs.values())
 
     first = topic.streams[0]
     await storage.append(first, records(5))
-    plan = await plan_task(
-        storage.index, [topic], options, now, force=True, compacted_through=compacted_through
-    )
+    plan = await plan_task(storage.index, [topic], options, now, force=True, backlogs=backlogs)
     assert plan is not None
     [planned] = plan.streams
     assert planned.stream_id == first
     assert [(e.start, e.end) for e in planned.entries] == [(10, 15)]
-    assert compacted_through == tables_end  # the new entry is in the WAL, not in tables
+    assert backlogs[first].tables_end == tables_end[first]  # the new entry is in the WAL
+    assert (backlogs[first].records, backlogs[first].read_end) == (5, 15)
+
+
+async def test_a_round_reads_only_the_entries_written_since_the_last(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+    config: Config,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    storage, topics, _ = parts
+    options = config.compactor.model_copy(update={"max_age_s": 3600, "min_bytes": 1 << 30})
+    topic = await topics.create("t", 1)
+    [stream] = topic.streams
+    for _ in range(3):
+        await storage.append(stream, records(10))
+    backlogs: dict[int, StreamBacklog] = {}
+    now = int(time.time() * 1000)
+    assert await plan_task(storage.index, [topic], options, now, backlogs=backlogs) is None
+    assert (backlogs[stream].records, backlogs[stream].read_end) == (30, 30)
+
+    read_from: list[int] = []
+    entries = storage.index.entries
+
+    def recording_entries(stream_id: int, after_end: int = 0) -> Any:
+        read_from.append(after_end)
+        return entries(stream_id, after_end)
+
+    monkeypatch.setattr(storage.index, "entries", recording_entries)
+    await storage.append(stream, records(10))
+    assert await plan_task(storage.index, [topic], options, now, backlogs=backlogs) is None
+    assert read_from == [30], "the round read entries it had read before"
+    assert (backlogs[stream].records, backlogs[stream].read_end) == (40, 40)
+
+    due = options.model_copy(update={"min_age_s": 0, "max_age_s": 0})
+    later = int(time.time() * 1000)
+    plan = await plan_task(storage.index, [topic], due, later, backlogs=backlogs)
+    assert plan is not None  # due now: its WAL entries are read whole
+    assert [(e.start, e.end) for e in plan.streams[0].entries] == [
+        (i, i + 10) for i in (0, 10, 20, 30)
+    ]
+
+
+async def test_after_a_run_a_stream_is_judged_by_its_new_entries_alone(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor], config: Config
+) -> None:
+    storage, topics, compactor = parts
+    # Due once 5,000 bytes wait; never by age (an hour).
+    configs = {"icefloe.compaction.min.bytes": "5000", "icefloe.compaction.max.age.ms": "3600000"}
+    topic = await topics.create("t", 1, configs)
+    [stream] = topic.streams
+    await storage.append(stream, records(100))  # about 10 KB
+    await asyncio.sleep(config.compactor.min_age_s + 0.05)  # old enough to be taken
+    assert await compactor.compact_once() is not None
+    await storage.append(stream, records(1))
+    await asyncio.sleep(config.compactor.min_age_s + 0.05)
+    # A backlog still counting the compacted bytes would make the stream due again.
+    assert await compactor.compact_once() is None
+    kinds = [entry.in_wal for entry in await storage.index.scan(stream)]
+    assert kinds == [False, True]
 
 
 async def log_start_after_rounds(tmp_path: Path, retention_check_interval_s: float) -> int:

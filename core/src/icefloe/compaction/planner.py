@@ -35,6 +35,55 @@ MAX_RUN_ENTRIES: Final = 1000
 and must stay well inside a metadata value (1 MiB)."""
 
 
+@dataclass(slots=True)
+class StreamBacklog:
+    """A stream's index past its leading entries in tables, summed up as far as read: enough
+    to tell whether the stream is due without reading its WAL entries again every round."""
+
+    tables_end: int = 0
+    """Where the leading entries in tables end (WAL entries always follow them)."""
+    read_end: int = 0
+    """Where the last entry read ends: the next round reads only what comes after."""
+    records: int = 0
+    size: int = 0
+    """Records and bytes of the WAL entries read."""
+    oldest_ms: int | None = None
+    """When the first WAL entry was written (``None``: none read yet)."""
+
+    def add(self, entry: IndexEntry) -> bool:
+        """Take in the next entry; ``False`` if it cannot follow what was read (an entry in
+        tables after WAL entries: the index changed under this summary)."""
+        if entry.in_wal:
+            self.records += entry.record_count
+            self.size += entry.size
+            if self.oldest_ms is None:
+                self.oldest_ms = entry.created_ms
+        elif self.oldest_ms is not None:
+            return False
+        else:
+            self.tables_end = entry.end
+        self.read_end = entry.end
+        return True
+
+
+async def read_backlog(
+    index: IndexReader, stream_id: int, backlogs: dict[int, StreamBacklog] | None
+) -> StreamBacklog:
+    """The stream's backlog, brought up to date by reading only the entries after what
+    ``backlogs`` (kept across calls, may be ``None``) last read of it."""
+    backlog = StreamBacklog() if backlogs is None else backlogs.get(stream_id, StreamBacklog())
+    async for entry in index.entries(stream_id, after_end=backlog.read_end):
+        if not backlog.add(entry):
+            backlog = StreamBacklog()  # read again from the start
+            async for again in index.entries(stream_id):
+                if not backlog.add(again):
+                    break  # changed once more: the next round sees it
+            break
+    if backlogs is not None:
+        backlogs[stream_id] = backlog
+    return backlog
+
+
 @dataclass(frozen=True, slots=True)
 class StreamPlan:
     """One stream's share of a task: the index entries it replaces."""
@@ -99,14 +148,15 @@ async def plan_task(
     force: bool = False,
     transactions: TransactionMarks | None = None,
     busy: frozenset[int] = frozenset(),
-    compacted_through: dict[int, int] | None = None,
+    backlogs: dict[int, StreamBacklog] | None = None,
 ) -> Plan | None:
     """The next run, or ``None`` when nothing is due. ``force`` ignores ages and sizes.
     ``busy`` streams (in a run not finished yet) are left out.
 
-    ``compacted_through`` remembers, across calls, where each stream's leading entries in
-    tables end: compaction takes WAL entries from the front, so those never need reading
-    again, and a pass over an idle broker reads one page per stream, not its whole index.
+    ``backlogs`` keeps, across calls, what each stream's index holds past its entries in
+    tables (:class:`StreamBacklog`): a round reads only the entries written since the last,
+    and a stream's WAL entries once it is due. The caller drops a stream's backlog when a
+    run changes its entries.
 
     With ``transactions``, a stream is compacted only up to its last stable offset (records
     of open transactions stay in the WAL until they are decided), and the task learns which
@@ -123,16 +173,13 @@ async def plan_task(
         for partition, stream_id in enumerate(topic.streams):
             if stream_id in busy:
                 continue
-            after = 0 if compacted_through is None else compacted_through.get(stream_id, 0)
-            wal_entries = []
-            async for entry in index.entries(stream_id, after_end=after):
-                if entry.in_wal:
-                    wal_entries.append(entry)
-                elif not wal_entries:
-                    after = entry.end
-            if compacted_through is not None:
-                compacted_through[stream_id] = after
-            entries = _due(wal_entries, topic, options, now_ms, force, budget)[:entries_left]
+            backlog = await read_backlog(index, stream_id, backlogs)
+            if backlog.oldest_ms is None:
+                continue  # nothing in the WAL
+            if not force and not _is_due(backlog, backlog.oldest_ms, topic, options, now_ms):
+                continue
+            wal_entries = await index.scan(stream_id, after_end=backlog.tables_end)
+            entries = _taken(wal_entries, options, now_ms, force, budget)[:entries_left]
             if entries and transactions is not None:
                 entries = await _stable(transactions, stream_id, entries, aborted)
             if entries:
@@ -164,23 +211,29 @@ async def _stable(
     return entries
 
 
-def _due(
+def _is_due(
+    backlog: StreamBacklog, oldest_ms: int, topic: Topic, options: CompactorOptions, now_ms: int
+) -> bool:
+    """Whether the stream's WAL part holds ``min_bytes`` or has waited ``max_age``."""
+    max_age_ms = int(topic.configs.get(MAX_AGE_CONFIG, options.max_age_s * 1000))
+    min_bytes = int(topic.configs.get(MIN_BYTES_CONFIG, options.min_bytes))
+    return backlog.size >= min_bytes or now_ms - oldest_ms >= max_age_ms
+
+
+def _taken(
     entries: list[IndexEntry],
-    topic: Topic,
     options: CompactorOptions,
     now_ms: int,
     force: bool,
     budget: int,
 ) -> list[IndexEntry]:
-    if not entries:
-        return []
-    max_age_ms = int(topic.configs.get(MAX_AGE_CONFIG, options.max_age_s * 1000))
-    min_bytes = int(topic.configs.get(MIN_BYTES_CONFIG, options.min_bytes))
-    waiting = sum(e.size for e in entries)
-    if not force and waiting < min_bytes and now_ms - entries[0].created_ms < max_age_ms:
-        return []
+    """The due stream's WAL entries a run takes: contiguous from the first, old enough."""
     taken: list[IndexEntry] = []
     for entry in entries:
+        if not entry.in_wal:
+            if taken:
+                break
+            continue  # compacted since the backlog was read
         if not force and now_ms - entry.created_ms < options.min_age_s * 1000:
             break
         if taken and (budget <= 0 or entry.start != taken[-1].end):

@@ -21,7 +21,7 @@ from icefloe import metrics
 from icefloe.compaction import cleaner, dropping, maintenance, retention
 from icefloe.compaction.committer import Committer, TaskRecord
 from icefloe.compaction.maintenance import TableSettings
-from icefloe.compaction.planner import Plan, TaskKind, plan_task
+from icefloe.compaction.planner import Plan, StreamBacklog, TaskKind, plan_task, read_backlog
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION
@@ -86,8 +86,8 @@ class Compactor:
         self._next_maintenance = 0.0
         self._next_retention_check = 0.0
         self._next_orphan_sweep = 0.0
-        self._compacted_through: dict[int, int] = {}
-        """Where each stream's leading entries in tables end, as the planner last saw it."""
+        self._backlogs: dict[int, StreamBacklog] = {}
+        """What the planner last read of each stream's index past its entries in tables."""
         self._next_backlog_report = 0.0
         self._reported_backlog: set[str] = set()
         """Topics whose backlog gauges this compactor set (as leader)."""
@@ -136,14 +136,16 @@ class Compactor:
         waiting = await self._waiting(topic)
         return waiting.records, waiting.size
 
-    async def _waiting(self, topic: Topic) -> _Waiting:
+    async def _waiting(
+        self, topic: Topic, backlogs: dict[int, StreamBacklog] | None = None
+    ) -> _Waiting:
         waiting = _Waiting()
         for stream in topic.streams:
-            async for entry in self.storage.index.entries(stream):
-                if entry.in_wal:
-                    waiting.records += entry.record_count
-                    waiting.size += entry.size
-                    waiting.oldest_ms = min(waiting.oldest_ms, entry.created_ms)
+            backlog = await read_backlog(self.storage.index, stream, backlogs)
+            waiting.records += backlog.records
+            waiting.size += backlog.size
+            if backlog.oldest_ms is not None:
+                waiting.oldest_ms = min(waiting.oldest_ms, backlog.oldest_ms)
         return waiting
 
     async def close(self) -> None:
@@ -170,6 +172,7 @@ class Compactor:
         tasks = 0
         for record in await self.committer.unfinished():
             log.info("resuming compaction run %s from %s", record.run_id, record.state)
+            self._backlogs.clear()
             await self.committer.finish(record)
             source_bytes = sum(r.byte_end - r.byte_start for r in record.ranges)
             report(_progress(record, source_bytes))
@@ -190,7 +193,7 @@ class Compactor:
                         force=force,
                         transactions=self.storage.transactions,
                         busy=busy,
-                        compacted_through=self._compacted_through,
+                        backlogs=self._backlogs,
                     )
                     if plan is None:
                         break
@@ -294,7 +297,7 @@ class Compactor:
         compaction is not held up), then collect garbage (orphans every
         ``orphan_sweep_interval_s``: finding them lists every table)."""
         # Forgotten now and then, so nothing the planner assumed can hide WAL entries for long.
-        self._compacted_through.clear()
+        self._backlogs.clear()
         await self.clean_once()
         for _ in range(REWRITES_PER_ROUND):
             if await self.rewrite_once() is None:
@@ -342,7 +345,7 @@ class Compactor:
                     except IcefloeError:
                         log.warning("compaction failed; will retry", exc_info=True)
                     if time.monotonic() >= self._next_backlog_report:
-                        # Reads every stream's index: not on every pass of a busy leader.
+                        # Reads every stream's newest index entries: not on every pass.
                         self._next_backlog_report = time.monotonic() + BACKLOG_REPORT_INTERVAL_S
                         with contextlib.suppress(IcefloeError):  # the gauges wait till next time
                             await self.report_backlog()
@@ -353,7 +356,11 @@ class Compactor:
                 await session.close()
 
     async def _run(self, plan: Plan) -> Progress:
-        record = await self.committer.finish(await self.committer.start(plan))
+        try:
+            record = await self.committer.finish(await self.committer.start(plan))
+        finally:
+            for stream in plan.streams:  # their entries changed, or may have
+                self._backlogs.pop(stream.stream_id, None)
         if plan.kind is TaskKind.COMPACT:
             _count_compacted(plan, record)
         return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
@@ -363,7 +370,7 @@ class Compactor:
         now_ms = time.time() * 1000
         reported = set()
         for topic in self.topics.cached():
-            waiting = await self._waiting(topic)
+            waiting = await self._waiting(topic, self._backlogs)
             metrics.COMPACTION_BACKLOG_RECORDS.labels(topic.name).set(waiting.records)
             metrics.COMPACTION_BACKLOG_BYTES.labels(topic.name).set(waiting.size)
             age_s = max(0.0, now_ms - waiting.oldest_ms) / 1000 if waiting.records else 0.0
