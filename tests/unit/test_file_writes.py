@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
@@ -75,6 +76,25 @@ async def test_other_files_in_the_folder_are_not_heard(tmp_path: Path) -> None:
     finally:
         writes.close()
         barrier_writes.close()
+
+
+@pytest.mark.asyncio
+async def test_a_watch_that_cannot_read_its_events_stops_and_counts_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    heard = Heard()
+    writes = watch(tmp_path, ["db"], heard)
+
+    def broken_read(timeout: int | None = None) -> list[object]:
+        raise OSError(errno.EIO, "input/output error")
+
+    monkeypatch.setattr(writes._notify, "read", broken_read)
+    (tmp_path / "db").write_bytes(b"page")
+    await heard.wait()
+    await asyncio.sleep(0.1)
+    assert heard.count == 1, "the unreadable descriptor kept waking the loop"
+    assert not writes.quiet_for(3600)  # the caller asks at its own pace from now on
+    writes.close()
 
 
 def test_without_inotify_there_is_no_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -176,7 +176,7 @@ async def plan_task(
             backlog = await read_backlog(index, stream_id, backlogs)
             if backlog.oldest_ms is None:
                 continue  # nothing in the WAL
-            if not force and not _is_due(backlog, backlog.oldest_ms, topic, options, now_ms):
+            if not force and not _is_due(backlog.size, backlog.oldest_ms, topic, options, now_ms):
                 continue
             wal_entries = await index.scan(stream_id, after_end=backlog.tables_end)
             entries = _taken(wal_entries, options, now_ms, force, budget)[:entries_left]
@@ -212,12 +212,13 @@ async def _stable(
 
 
 def _is_due(
-    backlog: StreamBacklog, oldest_ms: int, topic: Topic, options: CompactorOptions, now_ms: int
+    size: int, oldest_ms: int, topic: Topic, options: CompactorOptions, now_ms: int
 ) -> bool:
-    """Whether the stream's WAL part holds ``min_bytes`` or has waited ``max_age``."""
+    """Whether a stream whose WAL part holds ``size`` bytes, the oldest written at
+    ``oldest_ms``, is due: it holds ``min_bytes`` or has waited ``max_age``."""
     max_age_ms = int(topic.configs.get(MAX_AGE_CONFIG, options.max_age_s * 1000))
     min_bytes = int(topic.configs.get(MIN_BYTES_CONFIG, options.min_bytes))
-    return backlog.size >= min_bytes or now_ms - oldest_ms >= max_age_ms
+    return size >= min_bytes or now_ms - oldest_ms >= max_age_ms
 
 
 def _taken(

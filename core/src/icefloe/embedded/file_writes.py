@@ -2,7 +2,8 @@
 
 The embedded metadata store must notice commits made by other processes (another broker on
 the machine, an ``icefloe`` command). Asking SQLite whether anything changed costs a thread
-hop and a wakeup; done every 10 ms, that alone kept an idle broker at about 6 % of a core.
+hop and a wakeup; done every 10 ms, that alone kept an idle broker at several percent of a
+core.
 On Linux, inotify tells when a file in the database's folder is written, so the store need
 ask often only while someone writes, and at rest hardly at all.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -35,16 +37,22 @@ class FileWrites:
     """Notes when any of some files in one folder is written, created or moved into place."""
 
     def __init__(
-        self, notify: Any, names: frozenset[str], on_write: Callable[[], None] | None
+        self,
+        notify: Any,
+        folder: Path,
+        names: frozenset[str],
+        on_write: Callable[[], None] | None,
     ) -> None:
         """Use :meth:`watch`."""
         self._notify = notify
+        self._folder = folder
         self._names = names
         self._on_write = on_write
         self._loop = asyncio.get_running_loop()
         self.last_write = time.monotonic()
         """When a write was last heard of (``time.monotonic()``); a fresh watch counts as
-        one, since writes just before it began were not heard."""
+        one, since writes just before it began were not heard, and a broken one as a write
+        for ever after."""
         self._loop.add_reader(notify.fileno(), self._on_readable)
 
     @classmethod
@@ -68,7 +76,7 @@ class FileWrites:
             notify.close()
             log.info("cannot watch %s for writes (%s); polling instead", folder, exc)
             return None
-        return cls(notify, frozenset(names), on_write)
+        return cls(notify, folder, frozenset(names), on_write)
 
     def quiet_for(self, seconds: float) -> bool:
         """Whether no write was heard in the last ``seconds``."""
@@ -84,11 +92,15 @@ class FileWrites:
         try:
             events = self._notify.read(timeout=0)
         except OSError as exc:
-            # Nothing lost by assuming a write: the caller only asks sooner.
-            log.debug("reading write events: %s", exc)
-            events = None
-        overflow = inotify_simple.flags.Q_OVERFLOW
-        if events is None or any(e.name in self._names or e.mask & overflow for e in events):
+            # A descriptor that cannot be read would stay readable and spin the loop: stop
+            # listening, and count as written from now on, so the caller asks at its own pace.
+            log.warning("cannot read write events in %s (%s); polling instead", self._folder, exc)
+            self.close()
+            self.last_write = math.inf
+        else:
+            overflow = inotify_simple.flags.Q_OVERFLOW
+            if not any(e.name in self._names or e.mask & overflow for e in events):
+                return
             self.last_write = time.monotonic()
-            if self._on_write is not None:
-                self._on_write()
+        if self._on_write is not None:
+            self._on_write()
