@@ -80,6 +80,8 @@ async def test_a_round_reads_only_the_entries_written_since_the_last(
         return entries(stream_id, after_end)
 
     monkeypatch.setattr(storage.index, "entries", recording_entries)
+    assert await plan_task(storage.index, [topic], options, now, backlogs=backlogs) is None
+    assert read_from == [], "nothing was written, yet the round read the index"
     await storage.append(stream, records(10))
     assert await plan_task(storage.index, [topic], options, now, backlogs=backlogs) is None
     assert read_from == [30], "the round read entries it had read before"

@@ -70,8 +70,15 @@ async def read_backlog(
     index: IndexReader, stream_id: int, backlogs: dict[int, StreamBacklog] | None
 ) -> StreamBacklog:
     """The stream's backlog, brought up to date by reading only the entries after what
-    ``backlogs`` (kept across calls, may be ``None``) last read of it."""
-    backlog = StreamBacklog() if backlogs is None else backlogs.get(stream_id, StreamBacklog())
+    ``backlogs`` (kept across calls, may be ``None``) last read of it: none at all while the
+    index's notifications tell of no entry ending later (one written meanwhile is then read
+    by the round after its notification)."""
+    known = None if backlogs is None else backlogs.get(stream_id)
+    if known is not None:
+        end = index.log_end_hint(stream_id)
+        if end is not None and end <= known.read_end:
+            return known
+    backlog = StreamBacklog() if known is None else known
     async for entry in index.entries(stream_id, after_end=backlog.read_end):
         if not backlog.add(entry):
             backlog = StreamBacklog()  # read again from the start
@@ -81,6 +88,7 @@ async def read_backlog(
             break
     if backlogs is not None:
         backlogs[stream_id] = backlog
+        index.saw_end(stream_id, backlog.read_end)
     return backlog
 
 

@@ -273,7 +273,7 @@ class IndexReader:
     def remember(self, entry: IndexEntry, version: int) -> None:
         """Add an entry read or written as the record of ``version`` to the cache (the
         writer calls this for its own commits)."""
-        self._saw_end(entry.stream_id, entry.end)
+        self.saw_end(entry.stream_id, entry.end)
         if self._capacity == 0:
             return
         cache = self._streams.get(entry.stream_id)
@@ -329,7 +329,8 @@ class IndexReader:
                     if not waiters:
                         del self._waiters[stream_id]
 
-    def _saw_end(self, stream_id: int, end: int) -> None:
+    def saw_end(self, stream_id: int, end: int) -> None:
+        """Note a log end that a caller read from the store (the hint only moves forward)."""
         if end > self._ends.get(stream_id, -1):
             self._ends[stream_id] = end
 
@@ -365,7 +366,7 @@ class IndexReader:
             return
         stream_id, end, _ = keys.parse_index_key(event.key)
         if event.kind is EventKind.PUT:
-            self._saw_end(stream_id, end)
+            self.saw_end(stream_id, end)
         else:
             self._dropped += 1
             self._starts.pop(stream_id, None)  # the first entry may be the one that went
