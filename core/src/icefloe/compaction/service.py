@@ -327,6 +327,7 @@ class Compactor:
                 continue
             log.info("this broker leads compaction")
             self.committer.forget_tables()
+            self._backlogs.clear()  # another leader may have compacted since this one last led
             try:
                 while not stop.is_set() and session.alive:
                     try:
