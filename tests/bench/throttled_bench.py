@@ -16,37 +16,18 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.bench.sidebyside import icefloe_server
 from tests.bench.sidebyside.kafka import DEFAULT_LIB, ensure_jars, find_java
 from tests.bench.sidebyside.workloads import producer_performance
+from tests.support.metrics import Samples, scrape, total
 from tests.support.topics import create_topic
 
 TOPIC = "bench"
 RECORD_BYTES = 1024
 SLOW = ("0.025", "0.05")
 """Histogram bounds (seconds) whose excess is reported."""
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
 
 
 def slower_than(before: Samples, after: Samples, histogram: str, **labels: str) -> str:

@@ -9,39 +9,19 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.http import get
+from tests.support.metrics import scrape, total
 
 DOCS = Path(__file__).parents[2] / "docs"
 FORMATS = ("iceberg", "delta")
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
 
 
 @pytest.fixture
