@@ -4,6 +4,7 @@
                                      [--records 1000000] [--rate 5000] [--rate-seconds 10]
                                      [--confluent-records 500000] [--no-parquet]
                                      [--store local|minio] [--producer-prop KEY=VALUE ...]
+                                     [--icefloe-producer-prop KEY=VALUE ...]
                                      [--json PATH] [--quick] [--report PATH]
 
 Kafka comes from Maven Central (``kafka-pom.xml``, cached in ``.servers/kafka-4.1.1/lib``) and
@@ -25,7 +26,8 @@ temporary folder, Kafka first, and runs on an 8-partition topic, 1 KiB records, 
 ``--store minio`` puts Icefloe's object store (and so its WAL, cost profile by default) on S3
 served by a MinIO started on 127.0.0.1 (``scripts/install-servers`` builds it), a fresh prefix
 per round; ``--producer-prop`` changes the Java producer's settings for both systems, to find
-the client settings that suit a store.
+the client settings that suit a store, and ``--icefloe-producer-prop`` for Icefloe alone, to
+compare such settings with Kafka under its defaults.
 
 Each workload also records the server's CPU seconds (user + system, of Kafka's JVM or of
 Icefloe's broker processes and their compaction workers) and its peak RSS (VmHWM) so far. The

@@ -75,6 +75,14 @@ class Settings:
     here)."""
     producer_props: tuple[str, ...] = ()
     """Java producer settings (``key=value``) on top of the harness's, for both systems."""
+    icefloe_producer_props: tuple[str, ...] = ()
+    """Java producer settings for Icefloe only, after ``producer_props``: settings that suit a
+    store, against Kafka as its users run it."""
+
+    def producer_props_for(self, system: str) -> tuple[str, ...]:
+        if system == "icefloe":
+            return self.producer_props + self.icefloe_producer_props
+        return self.producer_props
 
     def plan(self) -> list[tuple[str, str | None]]:
         """(system, Icefloe profile) in the order one round runs them."""
@@ -152,6 +160,13 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         metavar="KEY=VALUE",
         help="a Java producer setting for both systems, over the harness's (repeatable)",
     )
+    parser.add_argument(
+        "--icefloe-producer-prop",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Java producer setting for Icefloe only, after --producer-prop (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="raw results (default: .benchmarks/…)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument(
@@ -173,10 +188,14 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         if not sep or not key.startswith("ICEFLOE_"):
             parser.error(f"--icefloe-env {item!r}: expected ICEFLOE_KEY=VALUE")
         icefloe_env[key] = value
-    for item in args.producer_prop:
-        key, sep, _ = item.partition("=")
-        if not sep or not key or key == "bootstrap.servers":
-            parser.error(f"--producer-prop {item!r}: expected KEY=VALUE (not bootstrap.servers)")
+    for option, items in (
+        ("--producer-prop", args.producer_prop),
+        ("--icefloe-producer-prop", args.icefloe_producer_prop),
+    ):
+        for item in items:
+            key, sep, _ = item.partition("=")
+            if not sep or not key or key == "bootstrap.servers":
+                parser.error(f"{option} {item!r}: expected KEY=VALUE (not bootstrap.servers)")
     settings = Settings(
         rounds=args.rounds or int(sizes["rounds"]),
         profiles=profiles,
@@ -194,6 +213,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         cold_read=args.cold_read,
         store=args.store,
         producer_props=tuple(args.producer_prop),
+        icefloe_producer_props=tuple(args.icefloe_producer_prop),
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     json_path = args.json or ROOT / ".benchmarks" / f"sidebyside-{stamp}.json"
@@ -246,21 +266,18 @@ def producers_and_consumer(
 def producers(settings: Settings, java: Java, server: Server, result: dict[str, Any]) -> None:
     records, rate = settings.records, settings.rate
     throttled = int(rate * settings.rate_seconds)
+    props = settings.producer_props_for(result["system"])
     step(
         result,
         "java_producer",
         server,
-        lambda: producer_performance(
-            java, server, TOPIC, records, RECORD_BYTES, extra_props=settings.producer_props
-        ),
+        lambda: producer_performance(java, server, TOPIC, records, RECORD_BYTES, extra_props=props),
     )
     step(
         result,
         "java_throttled",
         server,
-        lambda: producer_performance(
-            java, server, TOPIC, throttled, RECORD_BYTES, rate, settings.producer_props
-        ),
+        lambda: producer_performance(java, server, TOPIC, throttled, RECORD_BYTES, rate, props),
     )
     step(
         result,
