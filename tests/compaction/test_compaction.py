@@ -221,7 +221,7 @@ async def test_unreferenced_wal_objects_are_collected_and_reads_still_work(
     await storage.append(stream, records(30, "a"))
     before = await read_all(storage, stream)
     await compactor.until_idle()
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(config.storage.orphan_grace_s + 0.1)
     assert len(await storage.collect_orphans()) >= 1
     assert [info async for info in storage.wal.list()] == []
     async with await StreamStorage.open(config) as fresh:
