@@ -1,5 +1,6 @@
 """A connection's byte stream over real sockets: exact reads however the bytes arrive, short
-reads when the client goes away, and bounded buffering when the broker does not read."""
+reads when the client goes away, and bounded buffering when the broker does not read or the
+client does not read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from icefloe.broker.wire import DIRECT_BYTES, READ_AHEAD_BYTES, Wire
+from icefloe.broker.wire import DIRECT_BYTES, READ_AHEAD_BYTES, WRITE_SLICE_BYTES, Wire
 
 
 @pytest.fixture
@@ -97,3 +98,26 @@ async def test_writes_reach_the_client_and_closing_is_seen_by_both_ends(
     assert await asyncio.wait_for(receiving, 30) == payload
     assert await asyncio.wait_for(reader.read(), 30) == b""
     await asyncio.wait_for(wire.wait_closed(), 10)
+
+
+async def test_a_large_response_is_copied_a_slice_at_a_time_while_the_client_does_not_read(
+    connected: tuple[Wire, asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    wire, reader, _ = connected
+    assert wire.transport is not None
+    # More than the sockets' buffers hold, so that the transport has to keep some of it.
+    parts = [os.urandom(12 << 20), b"between", bytearray(os.urandom(20 << 20))]
+    buffered: list[int] = []
+    writing = asyncio.create_task(wire.write_all(parts))
+    while not writing.done() and len(buffered) < 100_000:
+        buffered.append(wire.transport.get_write_buffer_size())
+        await asyncio.sleep(0)
+        if len(buffered) > 1_000 and buffered[-1] == buffered[-1_000]:
+            break  # the client's end is full: the writer waits for it
+
+    assert not writing.done()
+    _, high_water = wire.transport.get_write_buffer_limits()
+    assert 0 < max(buffered) <= high_water + WRITE_SLICE_BYTES
+    got = await asyncio.wait_for(reader.readexactly(sum(len(p) for p in parts)), 30)
+    await asyncio.wait_for(writing, 30)
+    assert got == b"".join(parts)

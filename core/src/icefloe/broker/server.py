@@ -386,10 +386,9 @@ class KafkaServer:
                 return
             try:
                 if frame is not None:
-                    for part in frame.parts:
-                        wire.write(part)
-                    # What the socket did not take, the transport copied: let the response's
-                    # buffers go now, or a slow reader's response would be held twice.
+                    await wire.write_all(frame.parts)
+                    # The last slice the socket did not take, the transport copied: let the
+                    # response's buffers go now, or a slow reader's response would be held twice.
                     del frame
                     await wire.drain()
             finally:

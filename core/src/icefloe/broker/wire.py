@@ -7,12 +7,17 @@ the transport receives a large read straight into the buffer the caller gets (``
 and small reads (size prefixes, small requests) come out of a bounded read-ahead buffer with
 one copy. Reading pauses while the read-ahead buffer is full and no read wants its bytes: a
 client that sends faster than the broker reads is held back by TCP, not by memory.
+
+Writes go the other way through the transport, which sends what the socket takes at once and
+copies the rest into a buffer of its own. A response of megabytes (a catch-up fetch) is handed
+over a slice at a time, each once the transport's buffer has drained: what is copied is then
+at most a slice, not most of the response, and the response's own buffers are sent from.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 READ_AHEAD_BYTES: Final = 64 << 10
@@ -20,6 +25,8 @@ READ_AHEAD_BYTES: Final = 64 << 10
 read is in progress."""
 DIRECT_BYTES: Final = 16 << 10
 """Reads at least this large are received straight into their own buffer."""
+WRITE_SLICE_BYTES: Final = 256 << 10
+""":meth:`Wire.write_all` hands buffers to the transport at most this much at a time."""
 
 
 class Wire(asyncio.BufferedProtocol):
@@ -191,8 +198,19 @@ class Wire(asyncio.BufferedProtocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    async def write_all(self, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Write ``parts`` in order, :data:`WRITE_SLICE_BYTES` at a time, each slice once the
+        transport's buffer is below its low-water mark: the socket takes most of a slice at
+        once, where the transport would copy whatever it did not take of a whole part."""
+        for part in parts:
+            view = memoryview(part).cast("B")
+            for start in range(0, len(view), WRITE_SLICE_BYTES):
+                await self.drain()
+                self.write(view[start : start + WRITE_SLICE_BYTES])
+
     async def drain(self) -> None:
-        """Until the transport's buffer is below its high-water mark again."""
+        """Until the transport takes writes again (once past its high-water mark, its buffer
+        must come down to the low-water mark)."""
         await self._writable.wait()
         if self._lost is not None:
             raise ConnectionResetError("connection lost")
