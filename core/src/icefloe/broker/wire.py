@@ -200,8 +200,8 @@ class Wire(asyncio.BufferedProtocol):
 
     async def write_all(self, parts: Iterable[bytes | bytearray | memoryview]) -> None:
         """Write ``parts`` in order, :data:`WRITE_SLICE_BYTES` at a time, each slice once the
-        transport's buffer is below its low-water mark: the socket takes most of a slice at
-        once, where the transport would copy whatever it did not take of a whole part."""
+        transport takes writes (:meth:`drain`): the socket takes most of a slice at once,
+        where the transport would copy whatever it did not take of a whole part."""
         for part in parts:
             view = memoryview(part).cast("B")
             for start in range(0, len(view), WRITE_SLICE_BYTES):
