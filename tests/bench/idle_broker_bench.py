@@ -32,7 +32,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds measured")
     parser.add_argument("settings", nargs="*", metavar="ICEFLOE_KEY=VALUE")
     args = parser.parse_args()
-    settings = dict(setting.split("=", 1) for setting in args.settings)
+    try:
+        settings = icefloe_server.parse_settings(args.settings)
+    except ValueError as exc:
+        parser.error(str(exc))
     topics = [f"idle{t}" for t in range(args.partitions // PARTITIONS_PER_TOPIC)]
     with tempfile.TemporaryDirectory(prefix="icefloe-idle-") as tmp:
         server = icefloe_server.start(Path(tmp) / "data", "latency", 1, settings)

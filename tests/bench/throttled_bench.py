@@ -50,7 +50,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20, help="how long at that rate")
     parser.add_argument("settings", nargs="*", metavar="ICEFLOE_KEY=VALUE")
     args = parser.parse_args()
-    settings = dict(setting.split("=", 1) for setting in args.settings)
+    try:
+        settings = icefloe_server.parse_settings(args.settings)
+    except ValueError as exc:
+        parser.error(str(exc))
     java = find_java(ensure_jars(DEFAULT_LIB))
     with tempfile.TemporaryDirectory(prefix="icefloe-throttled-") as tmp:
         server = icefloe_server.start(Path(tmp) / "data", "latency", 1, settings)

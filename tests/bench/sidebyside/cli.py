@@ -182,12 +182,10 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
     for system in systems:
         if system not in ("kafka", "icefloe"):
             parser.error(f"unknown system {system!r} (kafka or icefloe)")
-    icefloe_env = {}
-    for item in args.icefloe_env:
-        key, sep, value = item.partition("=")
-        if not sep or not key.startswith("ICEFLOE_"):
-            parser.error(f"--icefloe-env {item!r}: expected ICEFLOE_KEY=VALUE")
-        icefloe_env[key] = value
+    try:
+        icefloe_env = icefloe_server.parse_settings(args.icefloe_env)
+    except ValueError as exc:
+        parser.error(f"--icefloe-env {exc}")
     for option, items in (
         ("--producer-prop", args.producer_prop),
         ("--icefloe-producer-prop", args.icefloe_producer_prop),

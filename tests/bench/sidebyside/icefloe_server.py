@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,21 @@ class IcefloeServer:
 
     def stop(self) -> None:
         self.running.stop()
+
+
+def parse_settings(items: Iterable[str]) -> dict[str, str]:
+    """``ICEFLOE_KEY=VALUE`` items (from a command line) as settings for :func:`start`.
+
+    Raises:
+        ValueError: an item is not of that form.
+    """
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("ICEFLOE_"):
+            raise ValueError(f"{item!r}: expected ICEFLOE_KEY=VALUE")
+        settings[key] = value
+    return settings
 
 
 def start(
