@@ -10,15 +10,18 @@ from typing import Any
 
 import pytest
 
+from icefloe import metrics
 from icefloe.ports.metadata import Record
 from icefloe.storage import keys
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.producers import (
+    IDLE_RELEASE_S,
     Claim,
     ClaimPending,
     Duplicate,
     ProducerError,
     ProducerRecord,
+    SequenceRange,
 )
 from tests.support.storage import storage_config
 from tests.support.storage_processes import append_idempotent_then_die, idempotent_batch
@@ -30,6 +33,25 @@ async def stored_state(storage: StreamStorage, stream: int, producer_id: int) ->
     record = await storage.metadata.get(keys.producer_state(stream, producer_id))
     assert record is not None
     return ProducerRecord.decode(record.value, record.version)
+
+
+async def released(storage: StreamStorage, stream: int, producer_id: int) -> ProducerRecord:
+    """The stored state once this engine has released the idle producer's lease."""
+    give_up = time.monotonic() + IDLE_RELEASE_S + 10
+    while (state := await stored_state(storage, stream, producer_id)).owner:
+        assert time.monotonic() < give_up, "the idle lease was never released"
+        await asyncio.sleep(0.05)
+    return state
+
+
+def metadata_ops() -> dict[str, float]:
+    """Metadata-store operations made in this process so far, by operation."""
+    [family] = metrics.METADATA_SECONDS.collect()
+    return {s.labels["op"]: s.value for s in family.samples if s.name.endswith("_count")}
+
+
+def made_since(before: dict[str, float]) -> dict[str, float]:
+    return {op: n - before.get(op, 0) for op, n in metadata_ops().items() if n != before.get(op)}
 
 
 async def values(storage: StreamStorage, stream: int) -> list[bytes]:
@@ -146,3 +168,37 @@ async def test_a_commit_during_a_renewal_is_kept(tmp_path: Path) -> None:
         await asyncio.sleep(0.05)
 
         assert await producers.claim(1, 7, 0, 3, 5) == Duplicate(3)
+
+
+async def test_a_producer_back_after_a_pause_takes_its_released_lease_back_with_one_write(
+    storage: StreamStorage,
+) -> None:
+    producers = storage.producers
+    first = await producers.claim(1, 7, 0, 0, 2)
+    assert isinstance(first, Claim)
+    producers.committed(first, 0)
+    await released(storage, 1, 7)
+
+    before = metadata_ops()
+    second = await producers.claim(1, 7, 0, 3, 5)
+
+    assert isinstance(second, Claim)
+    assert made_since(before) == {"put": 1}  # no reads: the state released is still the truth
+    state = await stored_state(storage, 1, 7)
+    assert state.owner
+    assert state.batches == [SequenceRange(0, 2, 3, 0)]  # the new batch is accepted after it
+
+
+async def test_a_released_lease_taken_by_another_engine_meanwhile_is_claimed_afresh(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream = await storage.create_stream("s")
+    pid = await storage.allocate_producer_id()
+    assert await storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 0
+    # The client moves to the other engine, which takes the released lease and writes 3-5 ...
+    assert await append_as_a_client_would(other_storage, stream, idempotent_batch(pid, 0, 3)) == 3
+    # ... then retries that batch here. What this engine released expects 3 next: only the
+    # store tells that 3-5 is already written.
+    assert await append_as_a_client_would(storage, stream, idempotent_batch(pid, 0, 3)) == 3
+
+    assert await values(storage, stream) == [f"seq{i}".encode() for i in range(6)]
