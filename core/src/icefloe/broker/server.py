@@ -2,8 +2,8 @@
 
 Each connection reads size-prefixed frames, decodes each request and starts its handler at
 once, so a client can pipeline; a writer task sends the responses strictly in request order.
-Handlers that must keep request order for part of their work (produce) hold the connection's
-``ordered`` lock for that part. Produce with acks=0 gets no response. A frame over the size
+Produce hands each partition's batches to the writer in request order
+(:mod:`icefloe.broker.submit_order`). Produce with acks=0 gets no response. A frame over the size
 limit, an unknown API, an unsupported version (other than ApiVersions, which answers
 UNSUPPORTED_VERSION as Kafka does) or bytes that do not decode close the connection: the
 client sees a disconnect, every other connection goes on, and nothing is stored.
@@ -33,6 +33,7 @@ from icefloe.broker.answered_errors import errors_in
 from icefloe.broker.apis import SUPPORTED_APIS, Api
 from icefloe.broker.memory import ByteBudget, Held
 from icefloe.broker.protocol import ProtocolError, Request
+from icefloe.broker.submit_order import SubmitOrder
 from icefloe.broker.wire import Wire
 from icefloe.cluster import client_zone
 from icefloe.config.security import Protocol
@@ -100,8 +101,8 @@ class Connection:
     """When the login must have been renewed (``time.monotonic()``; KIP-368), if ever."""
     doomed: bool = False
     """Closed once the response being sent is out (a failed login)."""
-    ordered: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held by handlers for the part of their work that must follow request order."""
+    submit_order: SubmitOrder = field(default_factory=SubmitOrder)
+    """The order in which produce requests hand each partition's batches to the writer."""
     holds: set[Held] = field(default_factory=set)
     """Memory held by requests not answered yet, released at the latest when it closes."""
     throttled_until: float = 0.0

@@ -6,9 +6,9 @@ acks=0 gets no response, but the batch is written all the same.
 
 Order matters for pipelining clients: an idempotent producer may have several requests in
 flight on one connection, and their batches must reach the writer in request order or their
-sequence numbers would look out of order. So a request holds its connection's ``ordered`` lock
-while it submits every partition, and awaits the commits only after releasing it, so that the
-commits of pipelined requests still overlap.
+sequence numbers would look out of order. So a request takes its turn on each partition it
+writes (:mod:`icefloe.broker.submit_order`) and submits the batch in that turn, and awaits the
+commits only after its turns are over, so that the commits of pipelined requests overlap.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ _TRANSACTIONAL_BIT: Final = 0x10
 _PRODUCER_ID_AT: Final = 43
 _PRODUCER: Final = struct.Struct(">qh")
 """A batch header's producer id and epoch."""
+_SUBMITS_AT_ONCE: Final = 32
+"""Partitions of one request submitted at the same time (each a task while it waits)."""
 _UNKNOWN_LOG_START: Final = -1
 """The field's "unknown": the answer for a partition that does not exist. Otherwise the log
 start comes from memory (:meth:`IndexReader.log_start_hint`): reading it from the store per
@@ -88,9 +90,7 @@ class _Partition:
 
 
 async def handle_produce(ctx: RequestContext, request: Any) -> Any | NoResponse:
-    # Taken before the first await, so that pipelined requests queue on it in request order.
-    async with ctx.connection.ordered:
-        targets = await _submit_all(ctx, request)
+    targets = await _submit_all(ctx, request)
     if request.acks == 0:
         return NO_RESPONSE
     await asyncio.gather(*(_complete(ctx, t) for t in targets))
@@ -98,9 +98,17 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any | NoResponse:
 
 
 async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
-    """Submit every partition's batch, in request order; refusals become partition errors."""
+    """Submit every partition's batch; refusals become partition errors.
+
+    Each partition waits only for the connection's earlier requests that write it
+    (:mod:`icefloe.broker.submit_order`), and the partitions go together: each may have to
+    wait for the store (an idempotent producer's first batch on a partition claims its lease
+    there), and one after the other those waits would add up. A partition named twice in one
+    request keeps its batches in request order.
+    """
     refusal = _refusal(ctx, request)
     targets = []
+    by_partition: dict[tuple[str, int], list[tuple[_Partition, bytes]]] = {}
     for topic in request.topic_data:
         allowed = ctx.allows(Operation.WRITE, ResourceType.TOPIC, topic.name)
         for data in topic.partition_data:
@@ -110,8 +118,39 @@ async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
             elif not allowed:
                 target.fail(ErrorCode.topic_authorization_failed, _not_allowed(topic.name))
             else:
-                await _submit(ctx, target, data.records or b"", request.transactional_id)
+                key = (topic.name, data.index)
+                by_partition.setdefault(key, []).append((target, data.records or b""))
             targets.append(target)
+    # Before the first await: the connection starts its requests' handlers in request order.
+    turns = ctx.connection.submit_order.take_turns(by_partition)
+
+    async def submit_in_turn(partition: tuple[str, int]) -> None:
+        async with turns[partition].held():
+            for target, records in by_partition[partition]:
+                await _submit(ctx, target, records, request.transactional_id)
+
+    waiting = iter(by_partition)
+
+    async def submit_the_next() -> None:
+        for partition in waiting:  # shared: each takes the next partition nobody has taken
+            await submit_in_turn(partition)
+
+    try:
+        if len(by_partition) == 1:  # a request of one partition: no task to start
+            await submit_the_next()
+        elif by_partition:
+            # Every submit ends before the request's turns do, even when one fails: a later
+            # request must not overtake a batch still on its way.
+            outcomes = await asyncio.gather(
+                *(submit_the_next() for _ in range(min(len(by_partition), _SUBMITS_AT_ONCE))),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+    finally:
+        for turn in turns.values():  # those never held, if the request was cancelled
+            turn.give_up()
     return targets
 
 
