@@ -616,6 +616,24 @@ def metadata_topic(address: str, name: str) -> Any:
     return admin_wire.call(address, request).topics[0]
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_metadata_v10_answers_the_clusters_operations_when_asked(
+    cluster: RunningIcefloe, asked: bool
+) -> None:
+    schema = admin_wire.module(3, 10)  # v8-v10 carry them; later versions moved them away
+    request = schema.MetadataRequest(
+        topics=(),
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=asked,
+        include_topic_authorized_operations=False,
+    )
+    operations = admin_wire.call(cluster.bootstrap, request).cluster_authorized_operations
+    if asked:  # no authorizer: every cluster operation is allowed
+        assert operations > 0
+    else:
+        assert operations == -(2**31)  # Kafka's "not provided"
+
+
 def test_a_topic_created_through_one_broker_is_at_once_visible_through_the_other(
     two_brokers: RunningIcefloe, topic: str
 ) -> None:

@@ -58,6 +58,14 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         await _describe(ctx, module, zone, t, with_operations)
         for t in await _requested(ctx, request)
     ]
+    # Only v8-v10 have the cluster's operations (later versions moved them to
+    # DescribeCluster): named for the others, make() would import every version to be sure
+    # the name is not misspelled, on a broker's first Metadata request.
+    cluster_operations = {}
+    if hasattr(request, "include_cluster_authorized_operations"):
+        cluster_operations["cluster_authorized_operations"] = authorized_operations(
+            ctx, request.include_cluster_authorized_operations, ResourceType.CLUSTER
+        )
     return make(
         module.MetadataResponse,
         throttle_time=_NO_THROTTLE,
@@ -74,11 +82,7 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         cluster_id=broker.cluster.cluster_id,
         controller_id=min(b.node_id for b in brokers),
         topics=tuple(topics),
-        cluster_authorized_operations=authorized_operations(
-            ctx,
-            getattr(request, "include_cluster_authorized_operations", False),
-            ResourceType.CLUSTER,
-        ),
+        **cluster_operations,
     )
 
 
