@@ -23,6 +23,8 @@ from icefloe.storage.producers import (
     ProducerRecord,
     SequenceRange,
 )
+from icefloe.storage.records import Record as KafkaRecord
+from icefloe.storage.records import build_batch
 from tests.support.storage import storage_config
 from tests.support.storage_processes import append_idempotent_then_die, idempotent_batch
 
@@ -202,3 +204,38 @@ async def test_a_released_lease_taken_by_another_engine_meanwhile_is_claimed_afr
     assert await append_as_a_client_would(storage, stream, idempotent_batch(pid, 0, 3)) == 3
 
     assert await values(storage, stream) == [f"seq{i}".encode() for i in range(6)]
+
+
+async def a_stream_with_a_record(storage: StreamStorage) -> int:
+    """A stream whose log end the engine has seen (it wrote the stream's one record)."""
+    stream = await storage.create_stream("s")
+    assert await storage.append_batches(stream, build_batch([KafkaRecord(0, 0, None, b"r")])) == 0
+    return stream
+
+
+async def test_the_first_claim_of_a_producer_id_handed_out_here_only_writes_its_record(
+    storage: StreamStorage,
+) -> None:
+    stream = await a_stream_with_a_record(storage)
+    pid = await storage.allocate_producer_id()
+
+    before = metadata_ops()
+    claim = await storage.producers.claim(stream, pid, 0, 0, 2)
+
+    assert isinstance(claim, Claim)
+    assert made_since(before) == {"put": 1}  # created: no record, so nothing to read
+    assert (await stored_state(storage, stream, pid)).owner
+
+
+async def test_a_producer_id_handed_out_here_that_wrote_through_another_engine_is_read_back(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    stream = await a_stream_with_a_record(storage)
+    pid = await storage.allocate_producer_id()
+    # The client got its id here but sent its first batch to the other engine ...
+    assert await other_storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 1
+    # ... and then moves here. Only the store knows of the batch at 1.
+    assert await append_as_a_client_would(storage, stream, idempotent_batch(pid, 0, 3)) == 4
+    assert await storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 1
+
+    assert await values(storage, stream) == [b"r"] + [f"seq{i}".encode() for i in range(6)]

@@ -8,10 +8,15 @@ the metadata store naming the one process that may accept new batches of that pr
 stream until a deadline. The owner checks sequences in memory, with no store round trip per
 batch, and renews the lease in the background while the producer is active; it releases the
 lease once the producer has been idle for a moment, which is how a producer that moves to
-another broker is handed over. It remembers what it released: if the producer comes back to
-it and nobody took the lease meanwhile (the record's version is unchanged), one
-compare-and-set takes it back, so a producer sending every few seconds pays one store write
-per pause rather than a full claim.
+another broker is handed over.
+
+A claim through the store reads the log end, the record and the index entries after it, then
+writes the record. Two common claims need only the write: a lease this process released and
+nobody took since (the record's version is the one it released, so the state it kept is the
+whole truth), taken back by one compare-and-set, which is what a producer sending every few
+seconds does after each pause; and the first claim of a producer this process gave its id to,
+made by creating the record (if it does not exist, no batch of that producer was ever
+accepted on the stream: every one needs the lease).
 
 Every index entry lists the producer batches it holds, so the index is the truth about what
 was written; the lease record is a summary (the last batches, and ``after_end``: a log end
@@ -57,6 +62,8 @@ IDLE_RELEASE_S: Final = 1.0
 RELEASED_KEPT: Final = 8192
 """Leases this process released whose state it keeps to take them back (a few hundred bytes
 each)."""
+HANDED_OUT_KEPT: Final = 8192
+"""Producer ids this process handed out that it remembers as its own, newest first."""
 HANDOFF_WAIT_S: Final = 3.0
 """How long a claim waits for another process to release the lease before answering
 REQUEST_TIMED_OUT (longer than :data:`IDLE_RELEASE_S`, so a producer that moved is served)."""
@@ -198,6 +205,8 @@ class ProducerStates:
         self._leases: dict[tuple[int, int], _Lease] = {}
         self._released: OrderedDict[tuple[int, int], ProducerRecord] = OrderedDict()
         """The state each lease had when this process released it, newest last."""
+        self._handed_out: OrderedDict[int, None] = OrderedDict()
+        """Producer ids this process allocated, newest last."""
         self._upkeep: asyncio.Task[None] | None = None
 
     async def allocate_producer_id(self) -> int:
@@ -207,7 +216,11 @@ class ProducerStates:
                 start = await counters.increment(self._metadata, "producer-id", PRODUCER_ID_BLOCK)
                 start -= PRODUCER_ID_BLOCK
                 self._ids = list(range(start + PRODUCER_ID_BLOCK - 1, start - 1, -1))
-            return self._ids.pop()
+            producer_id = self._ids.pop()
+        self._handed_out[producer_id] = None
+        while len(self._handed_out) > HANDED_OUT_KEPT:
+            self._handed_out.popitem(last=False)
+        return producer_id
 
     async def drop(self, stream_id: int) -> None:
         """Forget every producer's state on a stream (the stream is being deleted)."""
@@ -342,9 +355,11 @@ class ProducerStates:
     ) -> Claim | Duplicate:
         """Answer a duplicate from the index, or take the lease and accept the batch."""
         self._leases.pop((stream_id, producer_id), None)
-        taken_back = await self._take_back(stream_id, producer_id, epoch, first, last)
-        if taken_back is not None:
-            return taken_back
+        quick = await self._take_back(stream_id, producer_id, epoch, first, last)
+        if quick is None:
+            quick = await self._create(stream_id, producer_id, epoch, first, last)
+        if quick is not None:
+            return quick
         give_up = time.monotonic() + HANDOFF_WAIT_S
         pause = 0.01
         while True:
@@ -411,6 +426,33 @@ class ProducerStates:
                 keys.producer_state(stream_id, producer_id),
                 taken.encode(),
                 expected_version=released.version,
+            )
+        except ConflictError:
+            return None
+        taken.version = record.version
+        return self._hold(stream_id, producer_id, taken, epoch, first, last)
+
+    async def _create(
+        self, stream_id: int, producer_id: int, epoch: int, first: int, last: int
+    ) -> Claim | Duplicate | None:
+        """Take the lease of a producer this process gave its id to by creating its record,
+        and accept the batch; ``None`` where the record exists (the producer wrote to the
+        stream before, through this process or another) and must be read instead."""
+        after_end = self._index.log_end_hint(stream_id)
+        if producer_id not in self._handed_out or after_end is None:
+            return None
+        # No record, no batch of the producer: any log end seen so far is before all of them.
+        taken = ProducerRecord(
+            epoch=epoch,
+            deadline_ms=int((time.time() + self._lease_s) * 1000),
+            after_end=after_end,
+            owner=self._id,
+        )
+        try:
+            record = await self._metadata.put(
+                keys.producer_state(stream_id, producer_id),
+                taken.encode(),
+                expected_version=MUST_NOT_EXIST,
             )
         except ConflictError:
             return None
