@@ -117,11 +117,12 @@ def producer_performance(
     topic: str,
     records: int,
     record_bytes: int,
-    throughput: int = -1,
+    throughput: float = -1,
     extra_props: Sequence[str] = (),
 ) -> Measures:
-    """Kafka's ProducerPerformance: MB/s (2^20 bytes) and its latency summary.
-    ``extra_props`` (``key=value``) come after the harness's, so they override them."""
+    """Kafka's ProducerPerformance: MB/s (2^20 bytes) and its latency summary. ``throughput``
+    caps the records a second (-1: none); ``extra_props`` (``key=value``) come after the
+    harness's, so they override them."""
     props = [f"bootstrap.servers={server.bootstrap}", *PRODUCER_PROPS, *extra_props]
     args = ["--topic", topic, "--num-records", str(records), "--record-size", str(record_bytes)]
     args += ["--throughput", str(throughput), "--producer-props", *props]
