@@ -70,8 +70,13 @@ class Turn:
                 await asyncio.wait((self._after,))
             yield
         finally:
-            self._order._over(self._partition, self._mine)
+            self.give_up()
 
     def give_up(self) -> None:
-        """End a turn that will not be held (the request failed before using it)."""
-        self._order._over(self._partition, self._mine)
+        """End the turn, or let it end with the earlier one if that is not over (the request
+        was cancelled while it waited, or failed before it used the turn): a later request
+        must not overtake the earlier one. Ending a turn twice changes nothing."""
+        if self._after is None or self._after.done():
+            self._order._over(self._partition, self._mine)
+        else:
+            self._after.add_done_callback(lambda _: self._order._over(self._partition, self._mine))
