@@ -24,7 +24,7 @@ async def test_a_request_waits_only_for_earlier_requests_on_the_same_partition()
 
     holding = asyncio.create_task(take(first["p"], "first on p", log, gate))
     waiting = asyncio.create_task(take(second["p"], "second on p", log))
-    first["q"].give_up()  # the first request failed before it used its turn on q
+    first["q"].end()  # the first request failed before it used its turn on q
     elsewhere = asyncio.create_task(take(third["q"], "third on q", log))
     await asyncio.wait_for(elsewhere, 5)
     assert log == ["first on p", "third on q"]  # the second waits for the first's turn on p

@@ -70,9 +70,9 @@ class Turn:
                 await asyncio.wait((self._after,))
             yield
         finally:
-            self.give_up()
+            self.end()
 
-    def give_up(self) -> None:
+    def end(self) -> None:
         """End the turn, or let it end with the earlier one if that is not over (the request
         was cancelled while it waited, or failed before it used the turn): a later request
         must not overtake the earlier one. Ending a turn twice changes nothing."""

@@ -150,7 +150,7 @@ async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
                     raise outcome
     finally:
         for turn in turns.values():  # those never held, if the request was cancelled
-            turn.give_up()
+            turn.end()
     return targets
 
 
