@@ -8,7 +8,7 @@ from icefloe.broker.submit_order import SubmitOrder, Turn
 
 
 async def take(turn: Turn, name: str, log: list[str], gate: asyncio.Event | None = None) -> None:
-    async with turn.held():
+    async with turn:
         log.append(name)
         if gate is not None:
             await gate.wait()

@@ -12,8 +12,7 @@ idempotent producer claiming its lease on a partition) overlapping instead of ad
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 
 class SubmitOrder:
@@ -45,7 +44,7 @@ class SubmitOrder:
 
 
 class Turn:
-    """A request's turn on one partition: :meth:`held` waits for the earlier turn to end."""
+    """A request's turn on one partition: entering it waits for the earlier turn to end."""
 
     __slots__ = ("_after", "_mine", "_order", "_partition")
 
@@ -61,16 +60,19 @@ class Turn:
         self._after = after
         self._mine = mine
 
-    @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
-        """Hold the turn; it ends when the block does, however it ends."""
-        try:
-            if self._after is not None and not self._after.done():
+    async def __aenter__(self) -> None:
+        """Hold the turn (``async with turn:``); it ends when the block does, however it
+        ends."""
+        if self._after is not None and not self._after.done():
+            try:
                 # wait() does not cancel the earlier request's future if this one is cancelled.
                 await asyncio.wait((self._after,))
-            yield
-        finally:
-            self.end()
+            except BaseException:
+                self.end()
+                raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.end()
 
     def end(self) -> None:
         """End the turn, or let it end with the earlier one if that is not over (the request

@@ -125,7 +125,7 @@ async def _submit_all(ctx: RequestContext, request: Any) -> list[_Partition]:
     turns = ctx.connection.submit_order.take_turns(by_partition)
 
     async def submit_in_turn(partition: tuple[str, int]) -> None:
-        async with turns[partition].held():
+        async with turns[partition]:
             for target, records in by_partition[partition]:
                 await _submit(ctx, target, records, request.transactional_id)
 
