@@ -37,9 +37,8 @@ from typing import Any
 
 import confluent_kafka
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
-from kio.static.primitive import i16, i32, i64
+from kio.static.primitive import i16, i64
 
-from icefloe.broker.protocol import make
 from tests.bench.sidebyside import icefloe_server
 from tests.bench.sidebyside.kafka import (
     DEFAULT_LIB,
@@ -51,7 +50,7 @@ from tests.bench.sidebyside.kafka import (
     start_kafka,
 )
 from tests.bench.sidebyside.workloads import Server, producer_performance
-from tests.support.kafka_wire import KafkaWire, batch_of, request_module
+from tests.support.kafka_wire import KafkaWire, batch_of, produce_request_for
 from tests.support.topics import create_topic
 
 TOPIC = "quiet"
@@ -109,22 +108,8 @@ def first_sends(bootstrap: str, partitions: int, count: int) -> float:
 
 def first_batches(producer_id: int, partitions: int) -> Any:
     """A Produce request with a producer's first batch (one record) for each partition."""
-    m = request_module("produce", 9)
-    data = tuple(
-        make(
-            m.PartitionProduceData,
-            index=i32(p),
-            records=batch_of([RECORD], producer_id=producer_id, producer_epoch=0, base_sequence=0),
-        )
-        for p in range(partitions)
-    )
-    return make(
-        m.ProduceRequest,
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=datetime.timedelta(seconds=30),
-        topic_data=(make(m.TopicProduceData, name=TOPIC, partition_data=data),),
-    )
+    first = batch_of([RECORD], producer_id=producer_id, producer_epoch=0, base_sequence=0)
+    return produce_request_for(TOPIC, dict.fromkeys(range(partitions), first))
 
 
 @contextmanager

@@ -6,20 +6,17 @@ overlap, whether the partitions come in one request (the Java client) or in one 
 from __future__ import annotations
 
 import asyncio
-import datetime
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kio.static.primitive import i16, i32
 
 from icefloe.broker.broker import Broker
-from icefloe.broker.protocol import make
 from icefloe.config import load_config
 from icefloe.ports.metadata import Record
 from icefloe.storage import keys
-from tests.support.kafka_wire import KafkaWire, batch_of, request_module
+from tests.support.kafka_wire import KafkaWire, batch_of, produce_request_for
 
 TOPIC = "turns"
 PARTITIONS = 4
@@ -71,22 +68,8 @@ class HeldClaims:
 
 def produce(partitions: range, producer_id: int) -> Any:
     """A Produce request with an idempotent producer's first batch for each partition."""
-    m = request_module("produce", 9)
-    data = tuple(
-        make(
-            m.PartitionProduceData,
-            index=i32(p),
-            records=batch_of([b"v"], producer_id=producer_id, producer_epoch=0, base_sequence=0),
-        )
-        for p in partitions
-    )
-    return make(
-        m.ProduceRequest,
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=datetime.timedelta(seconds=30),
-        topic_data=(make(m.TopicProduceData, name=TOPIC, partition_data=data),),
-    )
+    first = batch_of([b"v"], producer_id=producer_id, producer_epoch=0, base_sequence=0)
+    return produce_request_for(TOPIC, dict.fromkeys(partitions, first))
 
 
 def errors(response: Any) -> list[int]:

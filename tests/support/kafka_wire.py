@@ -14,7 +14,7 @@ import io
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kio.index import load_response_schema
@@ -163,14 +163,31 @@ def produce_request(
     transactional_id: str | None = None,
 ) -> Any:
     """A Produce request carrying ``records`` for one partition."""
+    return produce_request_for(
+        topic, {partition: records}, version=version, acks=acks, transactional_id=transactional_id
+    )
+
+
+def produce_request_for(
+    topic: str,
+    records: Mapping[int, bytes | None],
+    *,
+    version: int = 9,
+    acks: int = -1,
+    transactional_id: str | None = None,
+) -> Any:
+    """A Produce request carrying ``records[p]`` for each partition ``p`` of ``topic``."""
     m = request_module("produce", version)
-    data = make(m.PartitionProduceData, index=i32(partition), records=records)
+    data = tuple(
+        make(m.PartitionProduceData, index=i32(partition), records=batch)
+        for partition, batch in records.items()
+    )
     return make(
         m.ProduceRequest,
         transactional_id=transactional_id,
         acks=i16(acks),
         timeout=datetime.timedelta(seconds=30),
-        topic_data=(make(m.TopicProduceData, name=topic, partition_data=(data,)),),
+        topic_data=(make(m.TopicProduceData, name=topic, partition_data=data),),
     )
 
 

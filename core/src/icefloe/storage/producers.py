@@ -378,24 +378,10 @@ class ProducerStates:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.2)
                 continue
-            taken = ProducerRecord(
-                epoch=epoch,
-                batches=[] if state is None or epoch != state.epoch else state.batches,
-                deadline_ms=int((time.time() + self._lease_s) * 1000),
-                after_end=log_end,
-                owner=self._id,
-                version=state.version if state else MUST_NOT_EXIST,
-            )
-            try:
-                record = await self._metadata.put(
-                    keys.producer_state(stream_id, producer_id),
-                    taken.encode(),
-                    expected_version=taken.version,
-                )
-            except ConflictError:
-                continue  # someone else changed the state: check again
-            taken.version = record.version
-            return self._hold(stream_id, producer_id, taken, epoch, first, last)
+            taken = await self._take(stream_id, producer_id, state, log_end, epoch, first, last)
+            if taken is not None:
+                return taken
+            # Someone else changed the state: check again.
 
     async def _take_back(
         self, stream_id: int, producer_id: int, epoch: int, first: int, last: int
@@ -413,24 +399,9 @@ class ProducerStates:
                 return None
         except ProducerError:
             return None
-        taken = ProducerRecord(
-            epoch=epoch,
-            batches=released.batches if epoch == released.epoch else [],
-            deadline_ms=int((time.time() + self._lease_s) * 1000),
-            after_end=released.after_end,
-            owner=self._id,
-            version=released.version,
+        return await self._take(
+            stream_id, producer_id, released, released.after_end, epoch, first, last
         )
-        try:
-            record = await self._metadata.put(
-                keys.producer_state(stream_id, producer_id),
-                taken.encode(),
-                expected_version=released.version,
-            )
-        except ConflictError:
-            return None
-        taken.version = record.version
-        return self._hold(stream_id, producer_id, taken, epoch, first, last)
 
     async def _create(
         self, stream_id: int, producer_id: int, epoch: int, first: int, last: int
@@ -442,33 +413,37 @@ class ProducerStates:
         if producer_id not in self._handed_out or after_end is None:
             return None
         # No record, no batch of the producer: any log end seen so far is before all of them.
+        return await self._take(stream_id, producer_id, None, after_end, epoch, first, last)
+
+    async def _take(
+        self,
+        stream_id: int,
+        producer_id: int,
+        known: ProducerRecord | None,
+        after_end: int,
+        epoch: int,
+        first: int,
+        last: int,
+    ) -> Claim | Duplicate | None:
+        """Write the lease over the record ``known`` (``None``: there is none), only if the
+        store still holds that version, and accept the batch; ``None`` if the record changed."""
         taken = ProducerRecord(
             epoch=epoch,
+            batches=known.batches if known is not None and known.epoch == epoch else [],
             deadline_ms=int((time.time() + self._lease_s) * 1000),
             after_end=after_end,
             owner=self._id,
+            version=known.version if known is not None else MUST_NOT_EXIST,
         )
         try:
             record = await self._metadata.put(
                 keys.producer_state(stream_id, producer_id),
                 taken.encode(),
-                expected_version=MUST_NOT_EXIST,
+                expected_version=taken.version,
             )
         except ConflictError:
             return None
         taken.version = record.version
-        return self._hold(stream_id, producer_id, taken, epoch, first, last)
-
-    def _hold(
-        self,
-        stream_id: int,
-        producer_id: int,
-        taken: ProducerRecord,
-        epoch: int,
-        first: int,
-        last: int,
-    ) -> Claim | Duplicate:
-        """Keep the lease the store now holds as ``taken``, and accept the batch under it."""
         lease = _Lease(stream_id, producer_id, taken)
         self._leases[(stream_id, producer_id)] = lease
         self._start_upkeep()
