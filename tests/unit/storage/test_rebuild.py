@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from icefloe.storage.batch import TimestampType
 from icefloe.storage.parquet import RowBuilder
-from icefloe.storage.rebuild import rebuild_batches
+from icefloe.storage.rebuild import rebuild_batches, rebuild_group
+from icefloe.storage.rebuilt import RebuiltGroup
 from icefloe.storage.records import Record, build_batch, decode_batch
 
 T0 = 1_700_000_000_000
@@ -70,6 +71,21 @@ def test_rebuilt_batches_equal_the_sent_ones(specs, first_offset: int) -> None: 
         rows.add_batch(batch, base)
 
     assert rebuild_batches(rows.table()) == b"".join(batch for _, batch in sent)
+
+
+@settings(max_examples=50)
+@given(st.lists(batch_fields, min_size=1, max_size=6), st.integers(0, 2**40), st.integers(0, 5))
+def test_a_rebuilt_group_knows_where_its_batches_start_and_end(specs, first_offset, past) -> None:  # type: ignore[no-untyped-def]
+    rows = RowBuilder(partition=0)
+    for base, batch in sent_batches(specs, first_offset):
+        rows.add_batch(batch, base)
+    table = rows.table()
+    end = table.column("offset")[-1].as_py() + 1 + past  # a file may end past its last row
+
+    group = rebuild_group(table, end_offset=end)
+
+    assert group == RebuiltGroup.of(group.data)
+    assert group.next_offsets[-1] == end
 
 
 def test_a_slice_of_whole_batches_rebuilds_those_batches() -> None:

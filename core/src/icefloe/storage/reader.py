@@ -22,7 +22,7 @@ from icefloe.storage.coalesce import CoalescedReads
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.parquet_reader import ParquetRangeReader
-from icefloe.storage.rebuild import rebuild_batches
+from icefloe.storage.rebuild import rebuild_group
 from icefloe.storage.rebuilt import RebuiltGroup, RebuiltGroups
 from icefloe.storage.recent import RecentWalObjects
 
@@ -459,7 +459,7 @@ class StreamReader:
         """The batches of ``group``; the last group's reach to ``end``, the file's end."""
         last = group == len(location.row_groups) - 1
         return await self._from_row_group(
-            location, group, functools.partial(_rebuild_group, end_offset=end if last else None)
+            location, group, functools.partial(rebuild_group, end_offset=end if last else None)
         )
 
     async def _from_row_group(
@@ -563,7 +563,3 @@ def _first_at_or_after(table: pa.Table, timestamp_ms: int, from_offset: int = 0)
     )
     hits = pc.filter(offsets, wanted)
     return int(hits[0].as_py()) if len(hits) else None
-
-
-def _rebuild_group(table: pa.Table, end_offset: int | None = None) -> RebuiltGroup:
-    return RebuiltGroup.of(rebuild_batches(table, end_offset))
