@@ -12,7 +12,7 @@ from icefloe.config import load_config, resolve_one
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectStore, RequestKind
 from icefloe.storage.parquet import RowBuilder, encode_parquet
-from icefloe.storage.parquet_reader import ParquetRangeReader
+from icefloe.storage.parquet_reader import KAFKA_COLUMNS, ParquetRangeReader
 from icefloe.storage.records import Record, build_batch
 
 
@@ -44,7 +44,8 @@ async def test_every_row_group_reads_back_as_pyarrow_reads_it(tmp_path: Path) ->
     whole = pq.ParquetFile(io.BytesIO(data))
     for group in range(whole.metadata.num_row_groups):
         got = (await reader.fetch("f.parquet", len(data), [group])).decode()
-        assert got.equals(whole.read_row_group(group))
+        assert got.equals(whole.read_row_group(group, columns=KAFKA_COLUMNS))
+        assert "partition" not in got.column_names  # one per file: nothing to rebuild from
     last = whole.metadata.num_row_groups - 1
     both = (await reader.fetch("f.parquet", len(data), [0, last])).decode()
     assert both.num_rows == whole.read_row_groups([0, last]).num_rows
@@ -65,7 +66,7 @@ async def test_reading_one_row_group_fetches_only_its_bytes(tmp_path: Path) -> N
     await store.close()
 
 
-def test_values_are_written_plain_and_keys_and_headers_with_a_dictionary() -> None:
+def test_unique_values_are_written_plain_and_keys_and_headers_with_a_dictionary() -> None:
     builder = RowBuilder(0)
     records = [
         Record(i, 1_700_000_000_000, b"key-%d" % (i % 3), os.urandom(64), (("type", b"order"),))
@@ -75,6 +76,24 @@ def test_values_are_written_plain_and_keys_and_headers_with_a_dictionary() -> No
     data, _ = encode_parquet(builder.table())
     group = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
     encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(13)}
-    assert "RLE_DICTIONARY" not in encodings["value"]
-    for path in ("key", "headers.list.element.key", "headers.list.element.value", "offset"):
+    for path in ("value", "offset", "timestamp"):
+        assert "RLE_DICTIONARY" not in encodings[path], path
+    for path in ("key", "headers.list.element.key", "headers.list.element.value"):
         assert "RLE_DICTIONARY" in encodings[path], path
+
+
+def test_columns_of_runs_are_left_uncompressed_and_take_a_few_bytes() -> None:
+    builder = RowBuilder(0)
+    for n in range(50):
+        records = [Record(10 * n + i, 1_700_000_000_000, b"k", b"v" * 100) for i in range(10)]
+        builder.add_batch(build_batch(records, base_offset=10 * n, producer_id=7), 10 * n)
+    data, _ = encode_parquet(builder.table())
+    group = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
+    columns = {group.column(i).path_in_schema: group.column(i) for i in range(13)}
+    runs = ("partition", "timestamp_type", "batch_attributes", "producer_id", "producer_epoch")
+    for path in (*runs, "base_sequence", "batch_base_offset"):
+        assert columns[path].compression == "UNCOMPRESSED", path
+    for path in runs:  # one value for the whole file: a dictionary of one and a run
+        assert columns[path].total_compressed_size < 100, path
+    for path in ("offset", "timestamp", "key", "value", "headers.list.element.key"):
+        assert columns[path].compression == "ZSTD", path

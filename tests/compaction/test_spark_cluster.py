@@ -172,6 +172,7 @@ async def test_compaction_on_the_cluster_spreads_tasks_and_keeps_records_once(
     expected = await fill(storage, topics)
     wal = {e.location.ref for s in expected for e in await storage.index.scan(s)}  # type: ignore[union-attr]
     store = storage.object_store
+    wal_bytes = sum([i.size async for i in store.list("") if any(i.key.endswith(r) for r in wal)])
     touched: list[tuple[str, str, int | None]] = []
     for name in ("get", "put"):
         method = getattr(store, name)
@@ -181,7 +182,7 @@ async def test_compaction_on_the_cluster_spreads_tasks_and_keeps_records_once(
     assert compactor.engine.tasks_finished() == tasks
     # The executors read the WAL and wrote the data files; the driver wrote the tables'
     # metadata and read data files' footers (Delta's statistics), so no record went through it.
-    assert moved(compactor.engine.stats) > sum(len(rows) for rows in expected.values()) * 50
+    assert moved(compactor.engine.stats) > wal_bytes > 0
     assert touched
     assert not [key for _, key, _ in touched if any(key.endswith(ref) for ref in wal)]
     data = [(name, size) for name, key, size in touched if key.endswith(".parquet")]

@@ -19,12 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from icefloe.ports.object_store import ObjectStore
-from icefloe.storage.row_schema import ROW_SCHEMA
+from icefloe.storage.row_schema import PARTITION, ROW_SCHEMA
 
 TAIL_GUESS: Final = 64 << 10
 """Bytes fetched from the end of a file at once: usually the whole footer in one GET."""
-KAFKA_COLUMNS: Final = ROW_SCHEMA.names
-"""What catch-up reads rebuild batches from (not the typed columns a file may also have)."""
+KAFKA_COLUMNS: Final = [name for name in ROW_SCHEMA.names if name != PARTITION]
+"""What catch-up reads rebuild batches from: not the partition (a file holds one stream's
+rows), nor the typed columns a schema-backed topic's file also has."""
 
 
 class _SparseFile(io.RawIOBase):
