@@ -1,13 +1,19 @@
-"""Rebuilding Kafka batches from table rows, the CPU-heavy step of a catch-up read.
+"""The two CPU-heavy steps of a catch-up read from Parquet: decoding a row group of a data
+file, and rebuilding Kafka batches from its rows.
 
-MB/s is ``extra_info["bytes"]`` divided by the mean time. Run with
+MB/s is ``extra_info["bytes"]`` (the rebuilt batches) divided by the mean time. Run with
 ``.venv/bin/pytest tests/bench/test_bench_rebuild.py --benchmark-enable``.
 """
 
 from __future__ import annotations
 
+import io
+
+import pyarrow.parquet as pq
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from icefloe.storage.parquet import encode_parquet
+from icefloe.storage.parquet_reader import KAFKA_COLUMNS
 from icefloe.storage.rebuild import rebuild_batches
 from icefloe.storage.records import Header
 from tests.bench.producer_batches import SHAPES, producer_batches, rows_of
@@ -25,3 +31,24 @@ def test_rebuild_batches(
     benchmark.extra_info["bytes"] = expected
 
     assert len(benchmark(rebuild_batches, table)) == expected
+
+
+@SHAPES
+def test_decode_row_groups(
+    benchmark: BenchmarkFixture, value_bytes: int, headers: tuple[Header, ...]
+) -> None:
+    table = rows_of(producer_batches(BATCHES, value_bytes, headers))
+    data, groups = encode_parquet(table)
+    metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+    benchmark.extra_info["bytes"] = len(rebuild_batches(table))
+
+    def decode_each() -> int:
+        """Rows decoded, a row group at a time, as catch-up reads decode them."""
+        rows = 0
+        for group in range(len(groups)):
+            parquet = pq.ParquetFile(io.BytesIO(data), metadata=metadata)
+            read = parquet.read_row_groups([group], columns=KAFKA_COLUMNS, use_threads=False)
+            rows += read.num_rows
+        return rows
+
+    assert benchmark(decode_each) == table.num_rows
