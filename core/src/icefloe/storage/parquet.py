@@ -59,7 +59,7 @@ UNCOMPRESSED_COLUMNS: Final = frozenset(
 )
 """Columns written without zstd: their values come in runs (one per file or per batch), which
 dictionary and run-length encoding already shrink to a few bytes a page, and decompressing
-each of those pages costs a catch-up read more than their bytes (30–40 % of a row group's
+each of those pages costs a catch-up read more than their bytes (about 30 % of a row group's
 decode time for 1 KiB records)."""
 log = logging.getLogger(__name__)
 
