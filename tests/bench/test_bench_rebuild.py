@@ -8,8 +8,12 @@ MB/s is ``extra_info["bytes"]`` (the rebuilt batches) divided by the mean time. 
 from __future__ import annotations
 
 import io
+import os
+import threading
+from collections.abc import Iterator
 
 import pyarrow.parquet as pq
+import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
 from icefloe.storage.parquet import encode_parquet
@@ -52,3 +56,34 @@ def test_decode_row_groups(
         return rows
 
     assert benchmark(decode_each) == table.num_rows
+
+
+@pytest.fixture
+def busy_thread() -> Iterator[None]:
+    """A thread that wants the GIL back every few microseconds, as a broker's event loop does
+    while it serves sockets."""
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            sum(range(200))
+            os.stat(".")  # a system call: the GIL is let go and taken back
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+
+
+@pytest.mark.parametrize("batches", [16, 64], ids=["1MiB", "4MiB"])
+def test_rebuild_1kib_records_beside_a_busy_thread(
+    benchmark: BenchmarkFixture, busy_thread: None, batches: int
+) -> None:
+    """The rebuild's numpy and Arrow steps each let the GIL go and wait to take it back: beside
+    a busy thread that costs per step, so rebuilding more rows at once costs less a row. A row
+    group of 1 KiB records holds 1 MiB; compare ``extra_info["bytes"]`` / mean between the two."""
+    table = rows_of(producer_batches(batches, 1024, ()))
+    benchmark.extra_info["bytes"] = len(rebuild_batches(table))
+
+    assert benchmark(rebuild_batches, table)
