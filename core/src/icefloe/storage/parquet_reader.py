@@ -23,6 +23,10 @@ from icefloe.storage.row_schema import PARTITION, ROW_SCHEMA
 
 TAIL_GUESS: Final = 64 << 10
 """Bytes fetched from the end of a file at once: usually the whole footer in one GET."""
+FETCHED_HOLE_BYTES: Final = 64 << 10
+"""Bytes between two wanted column chunks (another column's chunk, such as the partition's)
+fetched with them. pyarrow coalesces the reads of chunks apart by up to 8 KiB (its
+``hole_size_limit``) into one read, which must find every byte fetched."""
 KAFKA_COLUMNS: Final = [name for name in ROW_SCHEMA.names if name != PARTITION]
 """What catch-up reads rebuild batches from: not the partition (a file holds one stream's
 rows), nor the typed columns a schema-backed topic's file also has."""
@@ -146,7 +150,8 @@ class ParquetRangeReader:
 
 
 def _column_chunk_ranges(metadata: pq.FileMetaData, row_groups: list[int]) -> list[tuple[int, int]]:
-    """Byte ranges of the Kafka columns' chunks of the row groups, merged where adjacent."""
+    """Byte ranges of the Kafka columns' chunks of the row groups, merged where adjacent or
+    apart by at most :data:`FETCHED_HOLE_BYTES` (pyarrow reads small holes rather than seek)."""
     ranges = []
     for i in row_groups:
         group = metadata.row_group(i)
@@ -161,7 +166,7 @@ def _column_chunk_ranges(metadata: pq.FileMetaData, row_groups: list[int]) -> li
     ranges.sort()
     merged: list[tuple[int, int]] = []
     for start, end in ranges:
-        if merged and start <= merged[-1][1]:
+        if merged and start <= merged[-1][1] + FETCHED_HOLE_BYTES:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
             merged.append((start, end))
