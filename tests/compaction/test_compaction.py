@@ -6,18 +6,24 @@ import asyncio
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from icefloe.compaction.service import Compactor
 from icefloe.compaction.task import execute
 from icefloe.config import Config
 from icefloe.ports.object_store import RequestKind
+from icefloe.storage import reader as reader_module
 from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
+from icefloe.storage.rebuild import rebuild_group
+from icefloe.storage.rebuilt import RebuiltGroup
 from icefloe.storage.records import Record, build_batch, decode_batch
 from icefloe.topics.registry import TopicRegistry
 from tests.support.compaction_processes import start_engine_worker_then_wait
@@ -130,6 +136,29 @@ async def test_reading_the_last_row_group_reads_nothing_ahead(
     gets = store.stats.requests[RequestKind.GET]
     await asyncio.sleep(0.3)
     assert store.stats.requests[RequestKind.GET] == gets
+
+
+@pytest.mark.parametrize("on_the_loop", [True, False], ids=["default-group", "larger-group"])
+async def test_a_default_row_group_is_rebuilt_on_the_event_loop_and_a_larger_one_in_a_thread(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+    monkeypatch: pytest.MonkeyPatch,
+    on_the_loop: bool,
+) -> None:
+    storage = parts[0]
+    stream, _ = await compacted_row_groups(parts, 1)
+    if not on_the_loop:
+        monkeypatch.setattr(reader_module, "LOOP_WORK_BYTES", 0)
+    rebuilt_on: list[threading.Thread] = []
+
+    def rebuild(rows: pa.Table, **bounds: int | None) -> RebuiltGroup:
+        rebuilt_on.append(threading.current_thread())
+        return rebuild_group(rows, **bounds)
+
+    monkeypatch.setattr(reader_module, "rebuild_group", rebuild)
+    records = await storage.read_records(stream, 0, max_bytes=1)
+    assert records[0].offset == 0
+    assert (rebuilt_on == [threading.main_thread()]) is on_the_loop
+    assert len(rebuilt_on) == 1
 
 
 async def test_log_append_time_survives_compaction(

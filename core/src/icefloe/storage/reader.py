@@ -28,9 +28,16 @@ from icefloe.storage.recent import RecentWalObjects
 
 MAX_ENTRIES_PER_READ = 64
 ROW_GROUP_THREADS = 2
-"""Threads that decode row groups and rebuild their batches. Rebuilding holds the GIL for
-much of its work, so more threads would mostly wait for it and for each other: measured on
-two cores, two threads used a quarter less CPU per megabyte than the default pool."""
+"""Threads that decode row groups (and work on the largest ones). Decoding lets the GIL go for
+most of its work; more threads would mostly wait for it and for each other: measured on two
+cores, two threads used a quarter less CPU per megabyte than the default pool."""
+LOOP_WORK_BYTES = 2 << 20
+"""A decoded row group up to this size is worked on (its batches rebuilt) on the event loop.
+The rebuild is a few dozen numpy and Arrow steps, and in a thread each of them lets the GIL go
+and then waits to take it back from the event loop, which made a catch-up read cost about a
+sixth more broker CPU. On the loop, a group of the default megabyte holds it for one to three
+milliseconds (more for smaller records); larger groups, from files of larger batches, go to a
+thread, so that no read stalls the loop for long."""
 READ_AHEADS = 8
 """Row groups rebuilt ahead of the fetches that will want them, at most, at once. A consumer
 catching up asks for a partition's next group right after sending on its current one: read
@@ -465,7 +472,8 @@ class StreamReader:
     async def _from_row_group(
         self, location: ParquetLocation, group: int, work: Callable[[pa.Table], T]
     ) -> T:
-        """``work(rows of the group)``, run off the event loop: it is per-row CPU work.
+        """``work(rows of the group)``: decoded in a thread, worked on where
+        :data:`LOOP_WORK_BYTES` says.
 
         Raises:
             NotFoundError: the file is gone.
@@ -473,10 +481,11 @@ class StreamReader:
         """
         try:
             fetched = await self._parquet.fetch(location.key, location.size, [group])
-            # Decoded and worked on in one trip to a worker thread.
-            return await asyncio.get_running_loop().run_in_executor(
-                self._row_group_threads, lambda: work(fetched.decode())
-            )
+            loop = asyncio.get_running_loop()
+            rows = await loop.run_in_executor(self._row_group_threads, fetched.decode)
+            if rows.nbytes <= LOOP_WORK_BYTES:
+                return work(rows)
+            return await loop.run_in_executor(self._row_group_threads, work, rows)
         except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptDataError(
                 f"{location.describe()}, row group {group}, does not decode: {exc}"
