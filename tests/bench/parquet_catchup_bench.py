@@ -1,14 +1,16 @@
 """Catch-up reads from Parquet over the wire: Kafka's ConsumerPerformance against fresh brokers.
 
-    python -m tests.bench.parquet_catchup_bench DATA_DIR [--records 500000] [--reads 3]
+    python -m tests.bench.parquet_catchup_bench DATA_DIR [--records 500000] [--partitions 8]
+        [--reads 3]
 
 On first use (``DATA_DIR`` has no compacted topic yet), starts `icefloe serve` (embedded
-default, latency profile) on ``DATA_DIR``, sends ``--records`` 1 KiB records to an 8-partition
-topic with Kafka's ProducerPerformance, and restarts it to compact the whole log into Parquet.
-Then, ``--reads`` times, starts a fresh broker on it (nothing cached) and reads the topic from
-the start with ConsumerPerformance: prints each read's MB/s while fetching and the broker's CPU
-seconds, and their medians. Keeping ``DATA_DIR`` lets two trees be compared on the files each
-one wrote (``PYTHONPATH=other/core/src:.``), interleaved, without producing again.
+default, latency profile) on ``DATA_DIR``, sends ``--records`` 1 KiB records to a topic of
+``--partitions`` partitions with Kafka's ProducerPerformance, and restarts it to compact the
+whole log into Parquet. Then, ``--reads`` times, starts a fresh broker on it (nothing cached)
+and reads the topic from the start with ConsumerPerformance: prints each read's MB/s while
+fetching and the broker's CPU seconds, and their medians. Keeping ``DATA_DIR`` lets two trees
+be compared on the files each one wrote (``PYTHONPATH=other/core/src:.``), interleaved,
+without producing again.
 """
 
 from __future__ import annotations
@@ -31,17 +33,20 @@ COMPACTED_MARK = "compacted.json"
 """Written into ``DATA_DIR`` once its topic is all in Parquet, with the record count."""
 
 
-def prepare(java: Java, data: Path, records: int) -> int:
+def prepare(java: Java, data: Path, records: int, partitions: int) -> int:
     """The records of the compacted topic in ``data``, producing and compacting it first if
     it is not there yet."""
     mark = data / COMPACTED_MARK
     if mark.exists():
-        return int(json.loads(mark.read_text())["records"])
+        prepared = json.loads(mark.read_text())
+        if prepared.get("partitions", 8) != partitions:
+            raise SystemExit(f"{data} holds a topic of {prepared.get('partitions', 8)} partitions")
+        return int(prepared["records"])
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     server = icefloe_server.start(data, "latency", 1)
     try:
-        create_topic(server.running, TOPIC, 8)
+        create_topic(server.running, TOPIC, partitions)
         producer_performance(java, server, TOPIC, records, RECORD_BYTES)
     finally:
         server.stop()
@@ -51,7 +56,7 @@ def prepare(java: Java, data: Path, records: int) -> int:
     finally:
         server.stop()
     print(f"produced {records} records and compacted them in {seconds:.1f} s", flush=True)
-    mark.write_text(json.dumps({"records": records}))
+    mark.write_text(json.dumps({"records": records, "partitions": partitions}))
     return records
 
 
@@ -68,10 +73,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.parquet_catchup_bench")
     parser.add_argument("data", type=Path, help="where the compacted topic is (or will be)")
     parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--reads", type=int, default=3, help="0: only prepare DATA_DIR")
     args = parser.parse_args()
     java = find_java(ensure_jars(DEFAULT_LIB))
-    records = prepare(java, args.data, args.records)
+    records = prepare(java, args.data, args.records, args.partitions)
     rates, cpu = [], []
     for n in range(args.reads):
         result = read_once(java, args.data, records)

@@ -19,9 +19,11 @@ from tests.support.storage import storage_config
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Config:
+def config(tmp_path: Path, request: pytest.FixtureRequest) -> Config:
+    """Storage on the embedded default; a test parametrizes it indirectly with more settings."""
+    more = getattr(request, "param", {})
     # A deadline a loaded machine's commits meet; the orphan test waits out the grace period.
-    return storage_config(tmp_path, commit_deadline_s=2.0, orphan_grace_s=2.5)
+    return storage_config(tmp_path, commit_deadline_s=2.0, orphan_grace_s=2.5, **more)
 
 
 Parts = tuple[StreamStorage, TopicRegistry, Compactor]

@@ -138,6 +138,23 @@ async def test_reading_the_last_row_group_reads_nothing_ahead(
     assert store.stats.requests[RequestKind.GET] == gets
 
 
+@pytest.mark.parametrize("config", [{"rebuilt_cache_bytes": 3 << 19}], indirect=True)
+async def test_nothing_is_read_ahead_without_room_beside_the_groups_in_use(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage, store = parts[0], parts[0].object_store
+    stream, location = await compacted_row_groups(parts, 3)  # of about 1 MiB each
+    _, last_of_first = location.row_groups[0]
+
+    await storage.read_records(stream, 0, max_bytes=1)  # the cache holds 1.5 MiB
+    gets = store.stats.requests[RequestKind.GET]
+    await asyncio.sleep(0.3)
+    assert store.stats.requests[RequestKind.GET] == gets
+    records = await storage.read_records(stream, last_of_first, max_bytes=1)
+    assert records[-1].offset == last_of_first
+    assert store.stats.requests[RequestKind.GET] == gets  # the first group was kept
+
+
 @pytest.mark.parametrize("on_the_loop", [True, False], ids=["default-group", "larger-group"])
 async def test_a_default_row_group_is_rebuilt_on_the_event_loop_and_a_larger_one_in_a_thread(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],

@@ -1,9 +1,11 @@
 """The cache of batches rebuilt from row groups: where each batch is, what fits in a fetch, a
-bound on bytes, and one load per group however many fetches want it."""
+bound on bytes (groups read to their end go first), room for reading ahead, and one load per
+group however many fetches want it."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -61,6 +63,58 @@ async def test_the_cache_keeps_to_its_bound_evicting_the_least_recently_used() -
         await cache.get((name, 0), lambda name=name: load(name))
     assert loads == ["a", "b", "c", "b"]  # c pushed b out; a stayed, being used
     assert cache.size == 2 * len(group.data)
+
+
+class Loads:
+    """Loads of one group under different names, and the names loaded, in order."""
+
+    def __init__(self) -> None:
+        self.group = group_of(5)
+        self.names: list[str] = []
+
+    def of(self, name: str) -> Callable[[], Awaitable[RebuiltGroup]]:
+        async def load() -> RebuiltGroup:
+            self.names.append(name)
+            return self.group
+
+        return load
+
+
+async def test_groups_read_to_their_end_go_before_the_least_recently_used() -> None:
+    loads = Loads()
+    cache = RebuiltGroups(capacity_bytes=2 * len(loads.group.data))
+    for name in ("a", "b"):
+        await cache.get((name, 0), loads.of(name))
+    cache.read_to_end(("b", 0))
+    await cache.get(("c", 0), loads.of("c"))  # b goes, though a was used before it
+    await cache.get(("a", 0), loads.of("a"))
+    await cache.get(("b", 0), loads.of("b"))
+    assert loads.names == ["a", "b", "c", "b"]
+
+
+async def test_a_group_read_to_its_end_and_asked_for_again_is_in_use_again() -> None:
+    loads = Loads()
+    cache = RebuiltGroups(capacity_bytes=2 * len(loads.group.data))
+    for name in ("a", "b"):
+        await cache.get((name, 0), loads.of(name))
+        cache.read_to_end((name, 0))
+    await cache.get(("a", 0), loads.of("a"))  # another consumer reads a
+    await cache.get(("c", 0), loads.of("c"))  # b goes: it is the only one read to its end
+    assert cache.holds(("a", 0))
+    assert not cache.holds(("b", 0))
+    assert loads.names == ["a", "b", "c"]
+
+
+async def test_reading_ahead_needs_room_beside_the_groups_in_use() -> None:
+    loads = Loads()
+    cache = RebuiltGroups(capacity_bytes=3 * len(loads.group.data))
+    assert cache.has_room_ahead(1)
+    for name in ("a", "b"):
+        await cache.get((name, 0), loads.of(name))
+    assert cache.has_room_ahead(1)
+    assert not cache.has_room_ahead(2)  # one being read ahead already, and one more
+    cache.read_to_end(("a", 0))
+    assert cache.has_room_ahead(2)  # a may go for them
 
 
 async def test_a_group_larger_than_the_cache_is_returned_and_not_kept() -> None:

@@ -433,6 +433,7 @@ class StreamReader:
             if after < rebuilt.batch_count:
                 self._read_ahead(location, group + 1, end)
                 return next_offset, False
+            self._rebuilt.read_to_end((location.key, group))
             if len(out) >= max_bytes:
                 if i == len(groups) - 1:
                     return end, True
@@ -442,13 +443,15 @@ class StreamReader:
 
     def _read_ahead(self, location: ParquetLocation, group: int, end: int) -> None:
         """Rebuild ``group`` of the file in the background, unless it is rebuilt, under way,
-        past the file's end, or :data:`READ_AHEADS` groups are being read ahead already. A
-        failure is left for the fetch that wants the group to meet and report."""
+        past the file's end, :data:`READ_AHEADS` groups are being read ahead already, or the
+        cache has no room for it beside the groups in use. A failure is left for the fetch that
+        wants the group to meet and report."""
         key = (location.key, group)
         if (
             group >= len(location.row_groups)
             or len(self._reading_ahead) >= READ_AHEADS
             or self._rebuilt.holds(key)
+            or not self._rebuilt.has_room_ahead(len(self._reading_ahead) + 1)
         ):
             return
 

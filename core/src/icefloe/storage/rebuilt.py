@@ -3,8 +3,14 @@
 A consumer catching up asks for each partition's next megabyte or so, and a row group holds
 about that much: without a cache, most row groups would be read and rebuilt twice (once for
 the batches that fit in one fetch, again for the rest), and every consumer of a topic would
-rebuild the same groups again. Groups are kept by bytes, least recently used first out, and
-concurrent fetches of one group share a single load.
+rebuild the same groups again. Groups are kept by bytes, and concurrent fetches of one group
+share a single load. Groups some fetch has read to their end go first, oldest first, then the
+least recently used.
+
+Groups rebuilt ahead of their fetches are started only while the groups not yet read to their
+end leave room for them. With more partitions catching up than the cache holds two groups of
+each, read-ahead would otherwise push out groups read halfway, and both would be rebuilt
+again: all cost, no gain.
 
 Entries never go stale: a data file's key names its stream and offset range, and a file is
 written once; a file that is deleted simply stops being asked for.
@@ -63,16 +69,23 @@ class RebuiltGroup:
 
 
 class RebuiltGroups:
-    """A byte-bounded LRU of rebuilt row groups."""
+    """A byte-bounded cache of rebuilt row groups."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self._capacity = capacity_bytes
-        self._groups: OrderedDict[GroupKey, RebuiltGroup] = OrderedDict()
-        self._size = 0
+        self._in_use: OrderedDict[GroupKey, RebuiltGroup] = OrderedDict()
+        """Groups not yet read to their end, least recently used first."""
+        self._read: OrderedDict[GroupKey, RebuiltGroup] = OrderedDict()
+        """Groups a fetch read to their end, oldest first: the first to go."""
+        self._in_use_size = 0
+        self._read_size = 0
+        self._typical_size = 0
+        """The size of the group kept last: what the next one will probably take."""
         self._loading: dict[GroupKey, asyncio.Future[RebuiltGroup]] = {}
 
     async def get(self, key: GroupKey, load: Callable[[], Awaitable[RebuiltGroup]]) -> RebuiltGroup:
-        """The group ``key``: from the cache, from a load already under way, or ``load()``."""
+        """The group ``key``: from the cache, from a load already under way, or ``load()``.
+        It counts as in use until :meth:`read_to_end` says otherwise."""
         while (pending := self._loading.get(key)) is not None:
             try:
                 return await asyncio.shield(pending)
@@ -81,9 +94,14 @@ class RebuiltGroups:
                 if not pending.cancelled() or (task is not None and task.cancelling()):
                     raise
                 # The fetch that was loading the group was cancelled, not this one: load it.
-        group = self._groups.get(key)
+        group = self._in_use.get(key)
         if group is not None:
-            self._groups.move_to_end(key)
+            self._in_use.move_to_end(key)
+            return group
+        group = self._read.pop(key, None)
+        if group is not None:  # read again, by another consumer
+            self._read_size -= len(group.data)
+            self._keep(key, group)
             return group
         future: asyncio.Future[RebuiltGroup] = asyncio.get_running_loop().create_future()
         self._loading[key] = future
@@ -98,25 +116,42 @@ class RebuiltGroups:
             raise
         else:
             future.set_result(group)
+            self._typical_size = len(group.data)
             self._keep(key, group)
             return group
         finally:
             del self._loading[key]
 
+    def read_to_end(self, key: GroupKey) -> None:
+        """A fetch took the last batch of ``key``: it goes before the groups still in use."""
+        group = self._in_use.pop(key, None)
+        if group is not None:
+            self._in_use_size -= len(group.data)
+            self._read[key] = group
+            self._read_size += len(group.data)
+
     def holds(self, key: GroupKey) -> bool:
         """Whether ``key`` is cached or being loaded."""
-        return key in self._groups or key in self._loading
+        return key in self._in_use or key in self._read or key in self._loading
+
+    def has_room_ahead(self, groups: int) -> bool:
+        """Whether ``groups`` more groups (those being read ahead, and one to start) fit beside
+        the groups in use without pushing any of them out."""
+        return self._in_use_size + groups * self._typical_size <= self._capacity
 
     def _keep(self, key: GroupKey, group: RebuiltGroup) -> None:
         size = len(group.data)
         if size > self._capacity:
             return
-        self._groups[key] = group
-        self._size += size
-        while self._size > self._capacity:
-            _, evicted = self._groups.popitem(last=False)
-            self._size -= len(evicted.data)
+        self._in_use[key] = group
+        self._in_use_size += size
+        while self._read and self.size > self._capacity:
+            _, evicted = self._read.popitem(last=False)
+            self._read_size -= len(evicted.data)
+        while self.size > self._capacity:
+            _, evicted = self._in_use.popitem(last=False)
+            self._in_use_size -= len(evicted.data)
 
     @property
     def size(self) -> int:
-        return self._size
+        return self._in_use_size + self._read_size
