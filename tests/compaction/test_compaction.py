@@ -138,6 +138,20 @@ async def test_reading_the_last_row_group_reads_nothing_ahead(
     assert store.stats.requests[RequestKind.GET] == gets
 
 
+async def test_a_read_half_full_does_not_start_a_row_group_it_cannot_take_whole(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> None:
+    storage = parts[0]
+    stream, location = await compacted_row_groups(parts, 3)  # of just under 1 MiB each
+    [(_, last_of_first), (_, last_of_second), _] = location.row_groups
+
+    from_start = await storage.read_records(stream, 0, max_bytes=3 << 19)
+    assert from_start[-1].offset == last_of_first  # half a group more would fit, not a whole one
+    near_the_end = last_of_first + 1 - 128  # the first group's last two batches: a quarter MiB
+    from_there = await storage.read_records(stream, near_the_end, max_bytes=3 << 19)
+    assert from_there[-1].offset == last_of_second  # less than half full after the first
+
+
 @pytest.mark.parametrize("config", [{"rebuilt_cache_bytes": 3 << 19}], indirect=True)
 async def test_nothing_is_read_ahead_without_room_beside_the_groups_in_use(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],

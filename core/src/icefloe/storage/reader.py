@@ -434,7 +434,7 @@ class StreamReader:
                 self._read_ahead(location, group + 1, end)
                 return next_offset, False
             self._rebuilt.read_to_end((location.key, group))
-            if len(out) >= max_bytes:
+            if _would_split_the_next(len(rebuilt.data), len(out), max_bytes):
                 if i == len(groups) - 1:
                     return end, True
                 self._read_ahead(location, group + 1, end)
@@ -563,6 +563,16 @@ class StreamReader:
                 if record.timestamp >= timestamp and record.offset >= floor:
                     return record.offset
         return None
+
+
+def _would_split_the_next(group_bytes: int, taken: int, max_bytes: int) -> bool:
+    """Whether a read that has ``taken`` bytes of ``max_bytes``, the last of a group of
+    ``group_bytes`` among them, stops before the next group. It stops once full, and also once
+    half full if a next group as large would not fit whole: a fetch then takes whole groups,
+    and a consumer catching up leaves no group read halfway in the cache for its next fetch (a
+    group pushed out meanwhile would be rebuilt again)."""
+    room = max_bytes - taken
+    return room <= 0 or (room < group_bytes and taken >= max_bytes // 2)
 
 
 def _first_at_or_after(table: pa.Table, timestamp_ms: int, from_offset: int = 0) -> int | None:
