@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from icefloe.storage.rebuilt import RebuiltGroup, RebuiltGroups
+from icefloe.storage.rebuilt import DEMAND_LOADS, RebuiltGroup, RebuiltGroups
 from icefloe.storage.records import Record, build_batch
 
 
@@ -50,7 +50,7 @@ def test_only_whole_batches_that_fit_are_taken_but_always_one() -> None:
     assert group.batches_within(3, 1 << 20, at_least_one=True) == 3
 
 
-async def test_the_cache_keeps_to_its_bound_evicting_the_least_recently_used() -> None:
+async def test_the_cache_keeps_to_its_bound_evicting_the_group_in_use_used_last() -> None:
     group = group_of(5)
     cache = RebuiltGroups(capacity_bytes=2 * len(group.data))
     loads: list[str] = []
@@ -59,9 +59,9 @@ async def test_the_cache_keeps_to_its_bound_evicting_the_least_recently_used() -
         loads.append(name)
         return group
 
-    for name in ("a", "b", "a", "c", "a", "b"):
+    for name in ("a", "b", "a", "c", "b", "a"):
         await cache.get((name, 0), lambda name=name: load(name))
-    assert loads == ["a", "b", "c", "b"]  # c pushed b out; a stayed, being used
+    assert loads == ["a", "b", "c", "a"]  # c pushed a out, used just before it; b stayed
     assert cache.size == 2 * len(group.data)
 
 
@@ -107,7 +107,8 @@ async def test_a_group_read_to_its_end_and_asked_for_again_is_in_use_again() -> 
 
 async def test_reading_ahead_needs_room_beside_the_groups_in_use() -> None:
     loads = Loads()
-    cache = RebuiltGroups(capacity_bytes=3 * len(loads.group.data))
+    cache = RebuiltGroups(capacity_bytes=5 * len(loads.group.data))  # two kept for fetches
+    assert DEMAND_LOADS == 2
     assert cache.has_room_ahead(1)
     for name in ("a", "b"):
         await cache.get((name, 0), loads.of(name))
