@@ -1,16 +1,16 @@
 """Catch-up reads from Parquet over the wire: Kafka's ConsumerPerformance against fresh brokers.
 
     python -m tests.bench.parquet_catchup_bench DATA_DIR [--records 500000] [--partitions 8]
-        [--reads 3]
+        [--reads 3] [--icefloe-env ICEFLOE_KEY=VALUE ...]
 
 On first use (``DATA_DIR`` has no compacted topic yet), starts `icefloe serve` (embedded
 default, latency profile) on ``DATA_DIR``, sends ``--records`` 1 KiB records to a topic of
 ``--partitions`` partitions with Kafka's ProducerPerformance, and restarts it to compact the
-whole log into Parquet. Then, ``--reads`` times, starts a fresh broker on it (nothing cached)
-and reads the topic from the start with ConsumerPerformance: prints each read's MB/s while
-fetching and the broker's CPU seconds, and their medians. Keeping ``DATA_DIR`` lets two trees
-be compared on the files each one wrote (``PYTHONPATH=other/core/src:.``), interleaved,
-without producing again.
+whole log into Parquet. Then, ``--reads`` times, starts a fresh broker on it (nothing cached;
+with the ``--icefloe-env`` settings) and reads the topic from the start with
+ConsumerPerformance: prints each read's MB/s while fetching and the broker's CPU seconds, and
+their medians. Keeping ``DATA_DIR`` lets two trees be compared on the files each one wrote
+(``PYTHONPATH=other/core/src:.``), interleaved, without producing again.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def prepare(java: Java, data: Path, records: int, partitions: int) -> int:
     return records
 
 
-def read_once(java: Java, data: Path, records: int) -> dict[str, float]:
-    server = icefloe_server.start(data, "latency", 1)
+def read_once(java: Java, data: Path, records: int, settings: dict[str, str]) -> dict[str, float]:
+    server = icefloe_server.start(data, "latency", 1, settings)
     try:
         time.sleep(1)  # past the start's own work
         return measured(server, lambda: consumer_performance(java, server, TOPIC, records))
@@ -75,12 +75,23 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=500_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--reads", type=int, default=3, help="0: only prepare DATA_DIR")
+    parser.add_argument(
+        "--icefloe-env",
+        action="append",
+        default=[],
+        metavar="ICEFLOE_KEY=VALUE",
+        help="a setting of the brokers that read (repeatable)",
+    )
     args = parser.parse_args()
+    try:
+        settings = icefloe_server.parse_settings(args.icefloe_env)
+    except ValueError as exc:
+        parser.error(str(exc))
     java = find_java(ensure_jars(DEFAULT_LIB))
     records = prepare(java, args.data, args.records, args.partitions)
     rates, cpu = [], []
     for n in range(args.reads):
-        result = read_once(java, args.data, records)
+        result = read_once(java, args.data, records, settings)
         rates.append(result["fetch_mb_s"])
         cpu.append(result["broker_cpu_s"])
         print(
