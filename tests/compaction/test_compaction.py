@@ -169,7 +169,7 @@ async def test_nothing_is_read_ahead_without_room_beside_the_groups_in_use(
     assert store.stats.requests[RequestKind.GET] == gets  # the first group was kept
 
 
-@pytest.mark.parametrize("on_the_loop", [True, False], ids=["default-group", "larger-group"])
+@pytest.mark.parametrize("on_the_loop", [True, False], ids=["within-the-limit", "over-the-limit"])
 async def test_a_default_row_group_is_rebuilt_on_the_event_loop_and_a_larger_one_in_a_thread(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
     monkeypatch: pytest.MonkeyPatch,
