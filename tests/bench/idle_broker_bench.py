@@ -30,12 +30,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=400, help="a multiple of 50")
     parser.add_argument("--rest", type=float, default=60.0, help="seconds before measuring")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds measured")
-    parser.add_argument("settings", nargs="*", metavar="ICEFLOE_KEY=VALUE")
+    parser.add_argument(
+        "settings", nargs="*", type=icefloe_server.setting, metavar="ICEFLOE_KEY=VALUE"
+    )
     args = parser.parse_args()
-    try:
-        settings = icefloe_server.parse_settings(args.settings)
-    except ValueError as exc:
-        parser.error(str(exc))
+    settings = dict(args.settings)
     topics = [f"idle{t}" for t in range(args.partitions // PARTITIONS_PER_TOPIC)]
     with tempfile.TemporaryDirectory(prefix="icefloe-idle-") as tmp:
         server = icefloe_server.start(Path(tmp) / "data", "latency", 1, settings)

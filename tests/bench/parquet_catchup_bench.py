@@ -79,14 +79,12 @@ def main() -> None:
         "--icefloe-env",
         action="append",
         default=[],
+        type=icefloe_server.setting,
         metavar="ICEFLOE_KEY=VALUE",
         help="a setting of the brokers that read (repeatable)",
     )
     args = parser.parse_args()
-    try:
-        settings = icefloe_server.parse_settings(args.icefloe_env)
-    except ValueError as exc:
-        parser.error(str(exc))
+    settings = dict(args.icefloe_env)
     java = find_java(ensure_jars(DEFAULT_LIB))
     records = prepare(java, args.data, args.records, args.partitions)
     rates, cpu = [], []

@@ -32,6 +32,7 @@ import confluent_kafka
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bench.sidebyside.icefloe_server import setting
 from tests.support.broker import start_icefloe
 from tests.support.topics import create_topic
 
@@ -136,6 +137,7 @@ def main() -> None:
         "--set",
         action="append",
         default=[],
+        type=setting,
         metavar="ICEFLOE_SECTION__KEY=VALUE",
         help="more configuration for the brokers, e.g. ICEFLOE_BROKER__MAX_INFLIGHT_REQUESTS=512",
     )
@@ -143,14 +145,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         env = {"ICEFLOE_STORAGE__PROFILE": args.profile}
-        env |= dict(setting.split("=", 1) for setting in args.set)
+        env |= dict(args.set)
         if args.uvloop:
             env |= uvloop_env(Path(scratch))
         running = start_icefloe(Path(scratch) / "data", brokers=args.brokers, env=env)
         try:
             create_topic(running, TOPIC, PARTITIONS)
             loop = "uvloop" if args.uvloop else "asyncio"
-            print(f"profile={args.profile} brokers={args.brokers} loop={loop} {' '.join(args.set)}")
+            extra = " ".join(f"{key}={value}" for key, value in args.set)
+            print(f"profile={args.profile} brokers={args.brokers} loop={loop} {extra}")
             print(throughput(running.bootstrap, args.records), flush=True)
             print(latency(running.bootstrap, args.rate, args.seconds), flush=True)
         finally:

@@ -48,12 +48,11 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=300_000, help="records sent at full speed")
     parser.add_argument("--rate", type=int, default=5_000, help="records a second afterwards")
     parser.add_argument("--seconds", type=int, default=20, help="how long at that rate")
-    parser.add_argument("settings", nargs="*", metavar="ICEFLOE_KEY=VALUE")
+    parser.add_argument(
+        "settings", nargs="*", type=icefloe_server.setting, metavar="ICEFLOE_KEY=VALUE"
+    )
     args = parser.parse_args()
-    try:
-        settings = icefloe_server.parse_settings(args.settings)
-    except ValueError as exc:
-        parser.error(str(exc))
+    settings = dict(args.settings)
     java = find_java(ensure_jars(DEFAULT_LIB))
     with tempfile.TemporaryDirectory(prefix="icefloe-throttled-") as tmp:
         server = icefloe_server.start(Path(tmp) / "data", "latency", 1, settings)

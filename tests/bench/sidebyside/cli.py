@@ -144,6 +144,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         "--icefloe-env",
         action="append",
         default=[],
+        type=icefloe_server.setting,
         metavar="ICEFLOE_KEY=VALUE",
         help="a setting for `icefloe serve`, as an environment variable (repeatable)",
     )
@@ -182,10 +183,6 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
     for system in systems:
         if system not in ("kafka", "icefloe"):
             parser.error(f"unknown system {system!r} (kafka or icefloe)")
-    try:
-        icefloe_env = icefloe_server.parse_settings(args.icefloe_env)
-    except ValueError as exc:
-        parser.error(f"--icefloe-env {exc}")
     for option, items in (
         ("--producer-prop", args.producer_prop),
         ("--icefloe-producer-prop", args.icefloe_producer_prop),
@@ -207,7 +204,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         parquet=not args.no_parquet,
         kafka_heap=args.kafka_heap,
         kafka_lib=args.kafka_lib,
-        icefloe_env=icefloe_env,
+        icefloe_env=dict(args.icefloe_env),
         cold_read=args.cold_read,
         store=args.store,
         producer_props=tuple(args.producer_prop),

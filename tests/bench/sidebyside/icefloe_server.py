@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,19 +53,17 @@ class IcefloeServer:
         self.running.stop()
 
 
-def parse_settings(items: Iterable[str]) -> dict[str, str]:
-    """``ICEFLOE_KEY=VALUE`` items (from a command line) as settings for :func:`start`.
+def setting(item: str) -> tuple[str, str]:
+    """An ``ICEFLOE_KEY=VALUE`` item of a command line, as an argparse ``type``: a benchmark
+    takes such items as settings for :func:`start` (``dict`` of them).
 
     Raises:
-        ValueError: an item is not of that form.
+        argparse.ArgumentTypeError: ``item`` is not of that form.
     """
-    settings = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.startswith("ICEFLOE_"):
-            raise ValueError(f"{item!r}: expected ICEFLOE_KEY=VALUE")
-        settings[key] = value
-    return settings
+    key, sep, value = item.partition("=")
+    if not sep or not key.startswith("ICEFLOE_"):
+        raise argparse.ArgumentTypeError(f"{item!r}: expected ICEFLOE_KEY=VALUE")
+    return key, value
 
 
 def start(
