@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from icefloe.storage.batch import TimestampType
 from icefloe.storage.parquet import RowBuilder
 from icefloe.storage.rebuild import rebuild_batches, rebuild_group
-from icefloe.storage.rebuilt import RebuiltGroup
 from icefloe.storage.records import Record, build_batch, decode_batch
+from tests.support.rebuilt_groups import parsed_group
 
 T0 = 1_700_000_000_000
 
@@ -84,7 +84,7 @@ def test_a_rebuilt_group_knows_where_its_batches_start_and_end(specs, first_offs
 
     group = rebuild_group(table, end_offset=end)
 
-    assert group == RebuiltGroup.of(group.data)
+    assert group == parsed_group(group.data)
     assert group.next_offsets[-1] == end
 
 

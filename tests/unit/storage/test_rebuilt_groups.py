@@ -11,6 +11,7 @@ import pytest
 
 from icefloe.storage.rebuilt import DEMAND_LOADS, RebuiltGroup, RebuiltGroups
 from icefloe.storage.records import Record, build_batch
+from tests.support.rebuilt_groups import parsed_group
 
 
 def group_of(*sizes: int, first_offset: int = 100) -> RebuiltGroup:
@@ -22,7 +23,7 @@ def group_of(*sizes: int, first_offset: int = 100) -> RebuiltGroup:
         batch[0:8] = offset.to_bytes(8, "big")  # the base offset, as the rebuild writes it
         data += batch
         offset += count
-    return RebuiltGroup.of(bytes(data))
+    return parsed_group(bytes(data))
 
 
 def test_batches_are_found_by_offset() -> None:

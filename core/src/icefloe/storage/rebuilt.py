@@ -26,8 +26,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from icefloe.storage import batch as batches
-
 GroupKey = tuple[str, int]
 """(object key of the data file, row group)."""
 DEMAND_LOADS = 2
@@ -45,16 +43,6 @@ class RebuiltGroup:
     """Where each batch starts in ``data``, then ``len(data)``."""
     next_offsets: list[int]
     """The offset after each batch's last record."""
-
-    @classmethod
-    def of(cls, data: bytes) -> RebuiltGroup:
-        positions = [0]
-        next_offsets = []
-        while positions[-1] < len(data):
-            header = batches.read_header(data, positions[-1])
-            positions.append(positions[-1] + header.size)
-            next_offsets.append(header.base_offset + header.last_offset_delta + 1)
-        return cls(data, positions, next_offsets)
 
     @property
     def batch_count(self) -> int:
@@ -155,12 +143,14 @@ class RebuiltGroups:
         while self._read and self.size > self._capacity:
             _, evicted = self._read.popitem(last=False)
             self._read_size -= len(evicted.data)
+        if self.size <= self._capacity:
+            return
         for other in list(reversed(self._in_use)):  # most recently used first
-            if self.size <= self._capacity:
-                break
             if other != key:
                 evicted = self._in_use.pop(other)
                 self._in_use_size -= len(evicted.data)
+                if self.size <= self._capacity:
+                    return
 
     @property
     def size(self) -> int:
