@@ -2,7 +2,7 @@
 
     python tests/bench/produce_bench.py [--profile cost|latency] [--brokers N]
                                         [--records 200000] [--rate 1000] [--seconds 10]
-                                        [--uvloop] [--set ICEFLOE_SECTION__KEY=VALUE ...]
+                                        [--set ICEFLOE_SECTION__KEY=VALUE ...]
 
 Starts `icefloe serve` on the embedded default (SQLite metadata, local files) in a fresh
 temporary directory and creates an 8-partition topic. Then, with 1 KiB records, acks=all:
@@ -13,8 +13,8 @@ temporary directory and creates an 8-partition topic. Then, with 1 KiB records, 
 - latency: ``--rate`` records per second for ``--seconds``, so acknowledgements are not
   queued behind a saturated pipeline; p50/p99 of the delivery latency.
 
-``--uvloop`` runs the brokers on uvloop (it must be installed in this environment; it is not
-an Icefloe dependency): a ``sitecustomize`` on the brokers' PYTHONPATH installs its policy.
+``--set ICEFLOE_BROKER__EVENT_LOOP=asyncio`` runs the brokers on the standard library's event
+loop instead of uvloop.
 """
 
 from __future__ import annotations
@@ -118,13 +118,6 @@ def latency(bootstrap: str, rate: int, seconds: float) -> str:
     return f"latency at {rate} records/s: {measured.summary()}"
 
 
-def uvloop_env(scratch: Path) -> dict[str, str]:
-    site = scratch / "uvloop-site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text("import uvloop\nuvloop.install()\n")
-    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=["cost", "latency"], default="latency")
@@ -132,7 +125,6 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rate", type=int, default=1_000)
     parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--uvloop", action="store_true")
     parser.add_argument(
         "--set",
         action="append",
@@ -146,14 +138,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         env = {"ICEFLOE_STORAGE__PROFILE": args.profile}
         env |= dict(args.set)
-        if args.uvloop:
-            env |= uvloop_env(Path(scratch))
         running = start_icefloe(Path(scratch) / "data", brokers=args.brokers, env=env)
         try:
             create_topic(running, TOPIC, PARTITIONS)
-            loop = "uvloop" if args.uvloop else "asyncio"
             extra = " ".join(f"{key}={value}" for key, value in args.set)
-            print(f"profile={args.profile} brokers={args.brokers} loop={loop} {extra}")
+            print(f"profile={args.profile} brokers={args.brokers} {extra}")
             print(throughput(running.bootstrap, args.records), flush=True)
             print(latency(running.bootstrap, args.rate, args.seconds), flush=True)
         finally:

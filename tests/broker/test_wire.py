@@ -121,3 +121,13 @@ async def test_a_large_response_is_copied_a_slice_at_a_time_while_the_client_doe
     got = await asyncio.wait_for(reader.readexactly(sum(len(p) for p in parts)), 30)
     await asyncio.wait_for(writing, 30)
     assert got == b"".join(parts)
+
+
+async def test_a_write_after_the_connection_closed_is_a_connection_error(
+    connected: tuple[Wire, asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    wire, _, _ = connected
+    wire.close()
+
+    with pytest.raises(ConnectionResetError):
+        wire.write(b"too late")

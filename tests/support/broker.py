@@ -16,6 +16,9 @@ import pytest
 from tests.support.servers import free_port, port_open
 
 READY_LINE = "Icefloe is serving Kafka at "
+UNHANDLED_ERRORS = ("Traceback", "Fatal error on transport", "Exception in callback")
+"""What a broker's log shows of an error nothing handled: a traceback, or the event loop's own
+reports, which carry none when the loop made the exception itself (uvloop's do)."""
 METRICS_LINE = "Metrics and health: "
 REGISTRY_LINE = "Schema registry: "
 
@@ -53,6 +56,17 @@ class RunningIcefloe:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+def unhandled_errors(log: str) -> list[str]:
+    """Excerpts of ``log`` around each :data:`UNHANDLED_ERRORS` mark, in order."""
+    excerpts = []
+    for mark in UNHANDLED_ERRORS:
+        at = log.find(mark)
+        while at != -1:
+            excerpts.append(log[max(at - 300, 0) : at + 3000])
+            at = log.find(mark, at + len(mark))
+    return excerpts
 
 
 def broker_pids(running: RunningIcefloe) -> list[int]:

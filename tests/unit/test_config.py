@@ -145,6 +145,15 @@ def test_an_unknown_key_from_the_environment_names_the_variable_and_a_suggestion
     assert "unknown config key 'broker.portt'; did you mean 'port'?" in message
 
 
+def test_an_unknown_event_loop_names_the_choices() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(env={"ICEFLOE_BROKER__EVENT_LOOP": "trio"})
+    assert one_line(exc) == (
+        "environment variable ICEFLOE_BROKER__EVENT_LOOP: config key broker.event_loop: "
+        "input should be 'auto', 'uvloop' or 'asyncio' (got 'trio')"
+    )
+
+
 def test_an_unknown_plugin_option_gets_a_suggestion_from_the_file_or_the_environment(
     tmp_path: Path,
 ) -> None:

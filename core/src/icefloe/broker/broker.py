@@ -10,6 +10,7 @@ import ssl
 from typing import Self
 
 from icefloe import metrics
+from icefloe.broker.event_loop import running_loop_name
 from icefloe.broker.memory import ByteBudget, client_data_bytes
 from icefloe.broker.observability import OperatorEndpoints
 from icefloe.broker.quotas import QuotaManager
@@ -159,7 +160,13 @@ class Broker:
             # Opening the table formats imports their SDKs, which takes seconds: clients are
             # served meanwhile (compaction only ever runs behind them).
             self._compaction = asyncio.create_task(self._compact(), name="compactor")
-        log.info("broker %d listening on %s:%d", info.node_id, advertised, bound)
+        log.info(
+            "broker %d listening on %s:%d (event loop: %s)",
+            info.node_id,
+            advertised,
+            bound,
+            running_loop_name(),
+        )
         return info
 
     async def _compact(self) -> None:

@@ -30,6 +30,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 from icefloe.broker.broker import Broker
+from icefloe.broker.event_loop import event_loop_factory
 from icefloe.broker.heap import reuse_large_blocks
 from icefloe.broker.long_lived import freeze_long_lived, freeze_new_imports
 from icefloe.config import Config
@@ -116,7 +117,8 @@ def run_broker(
             await broker.stop()
         return 0
 
-    status = asyncio.run(main())
+    with asyncio.Runner(loop_factory=event_loop_factory(config.broker.event_loop)) as runner:
+        status = runner.run(main())
     # The loop and its signal handlers are gone: a late SIGTERM just ends the process.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.exit(status)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 READ_AHEAD_BYTES: Final = 64 << 10
 """The read-ahead buffer of a connection: the most one socket read takes in while no large
@@ -45,7 +45,9 @@ class Wire(asyncio.BufferedProtocol):
         self._end = 0
         """The unread bytes of the read-ahead buffer are ``[_start, _end)``."""
         self._target: bytearray | None = None
-        """A large read in progress: received into directly."""
+        """Where a large read in progress is received, until it is full."""
+        self._large = False
+        """A large read is in progress (its target may be full and handed back already)."""
         self._filled = 0
         self._wanted = 0
         """Bytes the waiting reader needs (in the read-ahead buffer, or in ``_target``)."""
@@ -60,8 +62,8 @@ class Wire(asyncio.BufferedProtocol):
     # --- the transport's side ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; uvloop's do not derive from asyncio's classes.
+        self.transport = cast(asyncio.Transport, transport)
         self._on_connect(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -78,6 +80,10 @@ class Wire(asyncio.BufferedProtocol):
         if self._target is not None:
             self._filled += nbytes
             if self._filled == len(self._target):
+                # What arrives before the reader runs goes to the read-ahead buffer: an event
+                # loop may ask for the next buffer at once (uvloop does), and an empty one is
+                # a fatal error of the transport.
+                self._target = None
                 self._wake()
             return
         self._end += nbytes
@@ -121,11 +127,11 @@ class Wire(asyncio.BufferedProtocol):
             target[:taken] = self._ahead[self._start : self._start + taken]
             self._start += taken
             if taken < size:
-                self._target, self._filled = target, taken
+                self._target, self._filled, self._large = target, taken, True
                 try:
                     await self._wait(size)
                 finally:
-                    filled, self._target = self._filled, None
+                    filled, self._target, self._large = self._filled, None, False
                 if filled < size:
                     raise asyncio.IncompleteReadError(bytes(target[:filled]), size)
             self._reset_if_empty()
@@ -164,7 +170,7 @@ class Wire(asyncio.BufferedProtocol):
                 self._wanted = 0
 
     def _have(self, size: int) -> bool:
-        if self._target is not None:
+        if self._large:
             return self._filled >= size
         return self._end - self._start >= size
 
@@ -196,6 +202,9 @@ class Wire(asyncio.BufferedProtocol):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         assert self.transport is not None
+        if self.transport.is_closing():
+            # asyncio's transports drop such writes, uvloop's raise RuntimeError: one error.
+            raise ConnectionResetError("connection closed")
         self.transport.write(data)
 
     async def write_all(self, parts: Iterable[bytes | bytearray | memoryview]) -> None:

@@ -255,6 +255,7 @@ def serve(
     schema_registry_port: int | None,
 ) -> int:
     """Run Kafka-compatible brokers (on the embedded default unless configured otherwise)."""
+    from icefloe.broker.event_loop import event_loop_factory
     from icefloe.broker.memory import client_data_bytes
     from icefloe.broker.serve import serve as run
 
@@ -271,4 +272,5 @@ def serve(
     for needed in (MetadataStore, ObjectStore, WAL):
         configuration.resolve_one(config, needed)  # fail now, with the fix, not in a child
     client_data_bytes(config.broker, config.storage)  # the memory budget must fit its parts
+    event_loop_factory(config.broker.event_loop)  # uvloop, if chosen, must be installed
     return run(config, brokers)
