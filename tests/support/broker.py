@@ -16,11 +16,11 @@ import pytest
 from tests.support.servers import free_port, port_open
 
 READY_LINE = "Icefloe is serving Kafka at "
+METRICS_LINE = "Metrics and health: "
+REGISTRY_LINE = "Schema registry: "
 UNHANDLED_ERRORS = ("Traceback", "Fatal error on transport", "Exception in callback")
 """What a broker's log shows of an error nothing handled: a traceback, or the event loop's own
 reports, which carry none when the loop made the exception itself (uvloop's do)."""
-METRICS_LINE = "Metrics and health: "
-REGISTRY_LINE = "Schema registry: "
 
 
 @dataclass
@@ -59,7 +59,8 @@ class RunningIcefloe:
 
 
 def unhandled_errors(log: str) -> list[str]:
-    """Excerpts of ``log`` around each :data:`UNHANDLED_ERRORS` mark, in order."""
+    """Excerpts of ``log`` around every :data:`UNHANDLED_ERRORS` mark (one mark after the
+    other)."""
     excerpts = []
     for mark in UNHANDLED_ERRORS:
         at = log.find(mark)
