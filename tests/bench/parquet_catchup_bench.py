@@ -75,14 +75,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=500_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--reads", type=int, default=3, help="0: only prepare DATA_DIR")
-    parser.add_argument(
-        "--icefloe-env",
-        action="append",
-        default=[],
-        type=icefloe_server.setting,
-        metavar="ICEFLOE_KEY=VALUE",
-        help="a setting of the brokers that read (repeatable)",
-    )
+    icefloe_server.add_icefloe_env(parser, "a setting of the brokers that read")
     args = parser.parse_args()
     settings = dict(args.icefloe_env)
     java = find_java(ensure_jars(DEFAULT_LIB))

@@ -116,14 +116,31 @@ def test_wrong_type_names_the_key_the_value_and_where_to_set_it(tmp_path: Path) 
     assert "ICEFLOE_METADATA__SQLITE__POLL_INTERVAL" in message
 
 
-def test_a_wrong_environment_value_names_the_variable() -> None:
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        (
+            "ICEFLOE_STORAGE__MAX_BATCH_BYTES",
+            "lots",
+            "environment variable ICEFLOE_STORAGE__MAX_BATCH_BYTES: config key "
+            "storage.max_batch_bytes: input should be a valid integer, unable to parse string as "
+            "an integer (got 'lots')",
+        ),
+        (
+            "ICEFLOE_BROKER__EVENT_LOOP",
+            "trio",
+            "environment variable ICEFLOE_BROKER__EVENT_LOOP: config key broker.event_loop: "
+            "input should be 'auto', 'uvloop' or 'asyncio' (got 'trio')",
+        ),
+    ],
+    ids=["integer", "choice"],
+)
+def test_a_wrong_environment_value_names_the_variable(
+    variable: str, value: str, expected: str
+) -> None:
     with pytest.raises(ConfigError) as exc:
-        load_config(env={"ICEFLOE_STORAGE__MAX_BATCH_BYTES": "lots"})
-    assert one_line(exc) == (
-        "environment variable ICEFLOE_STORAGE__MAX_BATCH_BYTES: config key "
-        "storage.max_batch_bytes: input should be a valid integer, unable to parse string as an "
-        "integer (got 'lots')"
-    )
+        load_config(env={variable: value})
+    assert one_line(exc) == expected
 
 
 def test_an_unknown_key_in_any_section_gets_a_suggestion(tmp_path: Path) -> None:
@@ -143,15 +160,6 @@ def test_an_unknown_key_from_the_environment_names_the_variable_and_a_suggestion
     message = one_line(exc)
     assert message.startswith("environment variable ICEFLOE_BROKER__PORTT: ")
     assert "unknown config key 'broker.portt'; did you mean 'port'?" in message
-
-
-def test_an_unknown_event_loop_names_the_choices() -> None:
-    with pytest.raises(ConfigError) as exc:
-        load_config(env={"ICEFLOE_BROKER__EVENT_LOOP": "trio"})
-    assert one_line(exc) == (
-        "environment variable ICEFLOE_BROKER__EVENT_LOOP: config key broker.event_loop: "
-        "input should be 'auto', 'uvloop' or 'asyncio' (got 'trio')"
-    )
 
 
 def test_an_unknown_plugin_option_gets_a_suggestion_from_the_file_or_the_environment(

@@ -140,13 +140,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         default=str(DEFAULT_LIB),
         help="where Kafka's jars are cached (fetched with Maven on first use)",
     )
-    parser.add_argument(
-        "--icefloe-env",
-        action="append",
-        default=[],
-        type=icefloe_server.setting,
-        metavar="ICEFLOE_KEY=VALUE",
-        help="a setting for `icefloe serve`, as an environment variable (repeatable)",
+    icefloe_server.add_icefloe_env(
+        parser, "a setting for `icefloe serve`, as an environment variable"
     )
     parser.add_argument(
         "--store",

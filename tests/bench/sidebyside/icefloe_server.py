@@ -66,6 +66,19 @@ def setting(item: str) -> tuple[str, str]:
     return key, value
 
 
+def add_icefloe_env(parser: argparse.ArgumentParser, help: str) -> None:
+    """A repeatable ``--icefloe-env ICEFLOE_KEY=VALUE`` option (:func:`setting`); ``dict`` of its
+    list gives the settings for :func:`start`."""
+    parser.add_argument(
+        "--icefloe-env",
+        action="append",
+        default=[],
+        type=setting,
+        metavar="ICEFLOE_KEY=VALUE",
+        help=f"{help} (repeatable)",
+    )
+
+
 def start(
     data_dir: Path,
     profile: str,

@@ -36,8 +36,7 @@ def event_loop_factory(choice: EventLoopChoice) -> LoopFactory:
                 "pip install uvloop (it does not run on Windows), or set event_loop = 'asyncio'"
             ) from None
         return asyncio.new_event_loop
-    factory: LoopFactory = uvloop.new_event_loop
-    return factory
+    return uvloop.new_event_loop
 
 
 def running_loop_name() -> str:
