@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -52,9 +51,6 @@ log = logging.getLogger(__name__)
 
 GROUPED_FLUSHES = 8
 """A WAL object sealed while flushes are busy holds at most this many flush sizes."""
-ENCODE_ASIDE_BYTES = 256 << 10
-"""Flushes this large are encoded in a worker thread; smaller ones on the event loop, where
-the thread hop would cost more than the copy."""
 
 
 class CommitDeadlineExceeded(UnavailableError):
@@ -312,12 +308,9 @@ class WalWriter:
             for stream_id, appends in sorted(by_stream.items())
         ]
         created = time.time()
-        encode = functools.partial(
-            walformat.encode_wal_object, chunks, created_ms=int(created * 1000)
-        )
-        # Copying megabytes into one object lets go of the GIL: in a thread, the event loop
-        # serves clients meanwhile.
-        encoded = await asyncio.to_thread(encode) if flush.size >= ENCODE_ASIDE_BYTES else encode()
+        # On the event loop: joining the batches (views into request buffers) holds the GIL
+        # whatever thread does it, so a worker thread would only add two thread hops.
+        encoded = walformat.encode_wal_object(chunks, created_ms=int(created * 1000))
         ref = await self._wal.append(encoded.data)
         metrics.WAL_FLUSH_BYTES.observe(len(encoded.data))
         self._recent.add(ref, encoded.data)
