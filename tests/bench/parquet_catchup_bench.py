@@ -1,16 +1,17 @@
 """Catch-up reads from Parquet over the wire: Kafka's ConsumerPerformance against fresh brokers.
 
     python -m tests.bench.parquet_catchup_bench DATA_DIR [--records 500000] [--partitions 8]
-        [--reads 3] [--icefloe-env ICEFLOE_KEY=VALUE ...]
+        [--table-compression zstd] [--reads 3] [--icefloe-env ICEFLOE_KEY=VALUE ...]
 
 On first use (``DATA_DIR`` has no compacted topic yet), starts `icefloe serve` (embedded
 default, latency profile) on ``DATA_DIR``, sends ``--records`` 1 KiB records to a topic of
 ``--partitions`` partitions with Kafka's ProducerPerformance, and restarts it to compact the
-whole log into Parquet. Then, ``--reads`` times, starts a fresh broker on it (nothing cached;
-with the ``--icefloe-env`` settings) and reads the topic from the start with
-ConsumerPerformance: prints each read's MB/s while fetching and the broker's CPU seconds, and
-their medians. Keeping ``DATA_DIR`` lets two trees be compared on the files each one wrote
-(``PYTHONPATH=other/core/src:.``), interleaved, without producing again.
+whole log into Parquet data files of the ``--table-compression`` codec. Then, ``--reads``
+times, starts a fresh broker on it (nothing cached; with the ``--icefloe-env`` settings) and
+reads the topic from the start with ConsumerPerformance: prints each read's MB/s while
+fetching and the broker's CPU seconds, and their medians. Keeping ``DATA_DIR`` lets two
+trees be compared on the files each one wrote (``PYTHONPATH=other/core/src:.``), interleaved,
+without producing again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
+from icefloe.config.compactor import TableCodec
 from tests.bench.sidebyside import icefloe_server
 from tests.bench.sidebyside.kafka import DEFAULT_LIB, Java, ensure_jars, find_java
 from tests.bench.sidebyside.workloads import consumer_performance, measured, producer_performance
@@ -29,18 +31,21 @@ from tests.support.topics import create_topic
 
 TOPIC = "catchup"
 RECORD_BYTES = 1024
+MB = 1_000_000
 COMPACTED_MARK = "compacted.json"
 """Written into ``DATA_DIR`` once its topic is all in Parquet, with the record count."""
 
 
-def prepare(java: Java, data: Path, records: int, partitions: int) -> int:
-    """The records of the compacted topic in ``data``, producing and compacting it first if
-    it is not there yet."""
+def prepare(java: Java, data: Path, records: int, partitions: int, codec: str) -> int:
+    """The records of the compacted topic in ``data``, producing and compacting it (into data
+    files of ``codec``) first if it is not there yet."""
     mark = data / COMPACTED_MARK
     if mark.exists():
         prepared = json.loads(mark.read_text())
         if prepared.get("partitions", 8) != partitions:
             raise SystemExit(f"{data} holds a topic of {prepared.get('partitions', 8)} partitions")
+        if prepared.get("codec", "zstd") != codec:
+            raise SystemExit(f"{data} holds data files of {prepared.get('codec', 'zstd')}")
         return int(prepared["records"])
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
@@ -50,13 +55,19 @@ def prepare(java: Java, data: Path, records: int, partitions: int) -> int:
         producer_performance(java, server, TOPIC, records, RECORD_BYTES)
     finally:
         server.stop()
-    server = icefloe_server.start(data, "latency", 1, compact_at_once=True)
+    settings = {"ICEFLOE_COMPACTOR__TABLE_COMPRESSION": codec}
+    server = icefloe_server.start(data, "latency", 1, settings, compact_at_once=True)
     try:
-        seconds = icefloe_server.wait_until_compacted(data, TOPIC, 300 + records / 1_000)
+        seconds = icefloe_server.wait_until_compacted(data, TOPIC, 300 + records / 1_000, settings)
     finally:
         server.stop()
-    print(f"produced {records} records and compacted them in {seconds:.1f} s", flush=True)
-    mark.write_text(json.dumps({"records": records, "partitions": partitions}))
+    files = sum(f.stat().st_size for f in data.rglob("*.parquet"))
+    print(
+        f"produced {records} records and compacted them in {seconds:.1f} s "
+        f"into {files / MB:.1f} MB of {codec} data files",
+        flush=True,
+    )
+    mark.write_text(json.dumps({"records": records, "partitions": partitions, "codec": codec}))
     return records
 
 
@@ -74,12 +85,18 @@ def main() -> None:
     parser.add_argument("data", type=Path, help="where the compacted topic is (or will be)")
     parser.add_argument("--records", type=int, default=500_000)
     parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument(
+        "--table-compression",
+        choices=[codec.value for codec in TableCodec],
+        default=TableCodec.ZSTD.value,
+        help="the data files' codec, when DATA_DIR is prepared",
+    )
     parser.add_argument("--reads", type=int, default=3, help="0: only prepare DATA_DIR")
     icefloe_server.add_icefloe_env(parser, "a setting of the brokers that read")
     args = parser.parse_args()
     settings = dict(args.icefloe_env)
     java = find_java(ensure_jars(DEFAULT_LIB))
-    records = prepare(java, args.data, args.records, args.partitions)
+    records = prepare(java, args.data, args.records, args.partitions, args.table_compression)
     rates, cpu = [], []
     for n in range(args.reads):
         result = read_once(java, args.data, records, settings)

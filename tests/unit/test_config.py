@@ -132,8 +132,15 @@ def test_wrong_type_names_the_key_the_value_and_where_to_set_it(tmp_path: Path) 
             "environment variable ICEFLOE_BROKER__EVENT_LOOP: config key broker.event_loop: "
             "input should be 'auto', 'uvloop' or 'asyncio' (got 'trio')",
         ),
+        (
+            "ICEFLOE_COMPACTOR__TABLE_COMPRESSION",
+            "lz4",
+            "environment variable ICEFLOE_COMPACTOR__TABLE_COMPRESSION: config key "
+            "compactor.table_compression: input should be 'zstd', 'snappy', 'gzip' or 'none' "
+            "(got 'lz4')",
+        ),
     ],
-    ids=["integer", "choice"],
+    ids=["integer", "choice", "codec"],
 )
 def test_a_wrong_environment_value_names_the_variable(
     variable: str, value: str, expected: str

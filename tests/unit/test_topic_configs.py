@@ -58,6 +58,17 @@ def test_every_kafka_compression_type_is_accepted(codec: str) -> None:
     assert topic_configs.validate_value("compression.type", codec) == codec
 
 
+@pytest.mark.parametrize("codec", ["zstd", "snappy", "gzip", "none"])
+def test_every_table_codec_is_accepted(codec: str) -> None:
+    assert topic_configs.validate_value("icefloe.table.compression", codec) == codec
+
+
+def test_a_table_codec_parquet_readers_may_lack_is_refused_naming_the_choices() -> None:
+    error = refusal("icefloe.table.compression", "lz4")
+    assert error.error_code == ErrorCode.invalid_config
+    assert "expected one of zstd, snappy, gzip, none" in str(error)
+
+
 @pytest.mark.parametrize(
     ("given", "stored"),
     [

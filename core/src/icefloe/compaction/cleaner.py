@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Self
 
 from icefloe.compaction.committer import Cleaned, Committer
-from icefloe.compaction.planner import Plan, StreamPlan, TaskKind, source_range
+from icefloe.compaction.planner import Plan, StreamPlan, TaskKind, codecs_of, source_range
 from icefloe.config.compactor import CompactorOptions
 from icefloe.config.storage import StorageOptions
 from icefloe.ports.compaction import CleanSpec, CompactionTask
@@ -168,7 +168,13 @@ async def plan_clean(
         return None
     ranges = tuple(source_range(s, entry) for s in streams for entry in s.entries)
     outputs = tuple((s.stream_id, s.output_path) for s in streams)
+    codecs = codecs_of(topics, options)
     task = CompactionTask(
-        uuid.uuid4().hex, ranges, outputs, tuple(sorted(units.items())), tuple(specs)
+        uuid.uuid4().hex,
+        ranges,
+        outputs,
+        tuple(sorted(units.items())),
+        tuple(specs),
+        codecs=tuple((s.stream_id, codecs[s.topic]) for s in streams if s.topic in codecs),
     )
     return Plan((task,), tuple(streams), TaskKind.CLEAN)

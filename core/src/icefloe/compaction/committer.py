@@ -186,12 +186,13 @@ def _encode_task(task: CompactionTask) -> list[Any]:
         [[s, *astuple(spec)] for s, spec in task.cleaning],
         [list(a) for a in task.aborted],
         [[s, topic, list(sides)] for s, topic, sides in task.typed],
+        [[s, codec] for s, codec in task.codecs],
     ]
 
 
 def _decode_task(fields: list[Any]) -> CompactionTask:
-    # Time partitions, cleaning specs, aborted transactions, typed sides: absent in older
-    # records.
+    # Time partitions, cleaning specs, aborted transactions, typed sides, codecs: absent in
+    # older records.
     task_id, ranges, outputs, *rest = fields
     return CompactionTask(
         task_id,
@@ -204,6 +205,7 @@ def _decode_task(fields: list[Any]) -> CompactionTask:
             (int(s), str(topic), tuple(map(str, sides)))
             for s, topic, sides in (rest[3] if rest[3:] else ())
         ),
+        tuple((int(s), str(codec)) for s, codec in (rest[4] if rest[4:] else ())),
     )
 
 

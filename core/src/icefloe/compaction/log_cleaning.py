@@ -39,7 +39,7 @@ from icefloe.errors import CorruptDataError
 from icefloe.ports.compaction import CleanSpec, StreamRange, WrittenFile, cleaned_path
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TimePartition
-from icefloe.storage.parquet import encode_data_file
+from icefloe.storage.parquet import DEFAULT_CODEC, encode_data_file
 from icefloe.storage.row_schema import OFFSET, ROW_SCHEMA, TIMESTAMP
 
 CONTROL_BIT: Final = 0x20
@@ -185,9 +185,11 @@ async def clean_stream(
     output_path: str,
     unit: TimePartition | None,
     store: ObjectStore,
+    codec: str = DEFAULT_CODEC,
 ) -> list[WrittenFile]:
     """Log-compact one stream's consecutive data files (``ranges``, in offset order): one
-    new file per source over the same offsets, beside ``output_path``."""
+    new file per source over the same offsets, beside ``output_path``, written with
+    ``codec``."""
     expected = ranges[0].start_offset
     for r in ranges:
         if r.start_offset != expected:
@@ -208,7 +210,14 @@ async def clean_stream(
         )
         key_map.add(dirty.column("key"), dirty.column(OFFSET))
     write = functools.partial(
-        _write, task_id, ranges[0].stream_id, spec=spec, path=output_path, unit=unit, store=store
+        _write,
+        task_id,
+        ranges[0].stream_id,
+        spec=spec,
+        path=output_path,
+        unit=unit,
+        store=store,
+        codec=codec,
     )
     written: list[WrittenFile] = []
     previous: _Output | None = None
@@ -244,9 +253,10 @@ async def _write(
     path: str,
     unit: TimePartition | None,
     store: ObjectStore,
+    codec: str,
 ) -> WrittenFile:
     parquet, facts = await asyncio.to_thread(
-        encode_data_file, output.rows, output.start, output.end
+        encode_data_file, output.rows, output.start, output.end, codec
     )
     if unit is not None:
         facts["time_bucket"] = unit.bucket(facts["min_timestamp"])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final, Self
 
 from icefloe.compaction.committer import Committer
-from icefloe.compaction.planner import Plan, StreamPlan, TaskKind, plan_of
+from icefloe.compaction.planner import Plan, StreamPlan, TaskKind, codecs_of, plan_of
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import NotFoundError
 from icefloe.ports.object_store import ObjectStore
@@ -89,7 +89,8 @@ async def plan_rewrite(
             if run:
                 stream = StreamPlan(topic.name, partition, stream_id, run)
                 units = {topic.name: unit} if unit is not None else {}
-                return plan_of((stream,), units, TaskKind.REWRITE)
+                codecs = codecs_of((topic,), options)
+                return plan_of((stream,), units, TaskKind.REWRITE, codecs=codecs)
     return None
 
 

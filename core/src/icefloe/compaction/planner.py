@@ -16,7 +16,7 @@ import enum
 import itertools
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -25,9 +25,16 @@ from icefloe.ports.compaction import CompactionTask, Source, StreamRange, data_f
 from icefloe.ports.table import TimePartition
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
+from icefloe.storage.parquet import DEFAULT_CODEC
 from icefloe.storage.transactions import TransactionMarks
 from icefloe.tables import layout
-from icefloe.topics.configs import MAX_AGE_CONFIG, MIN_BYTES_CONFIG, time_partition, typed_sides
+from icefloe.topics.configs import (
+    MAX_AGE_CONFIG,
+    MIN_BYTES_CONFIG,
+    table_codec,
+    time_partition,
+    typed_sides,
+)
 from icefloe.topics.registry import Topic
 
 MAX_RUN_ENTRIES: Final = 1000
@@ -177,6 +184,7 @@ async def plan_task(
     aborted: list[tuple[int, int, int, int]] = []
     units = {t.name: unit for t in topics if (unit := time_partition(t.configs)) is not None}
     typed = {t.name: sides for t in topics if (sides := typed_sides(t.configs))}
+    codecs = codecs_of(topics, options)
     for topic in topics:
         for partition, stream_id in enumerate(topic.streams):
             if stream_id in busy:
@@ -195,10 +203,12 @@ async def plan_task(
                 budget -= sum(e.size for e in entries)
                 entries_left -= len(entries)
             if budget <= 0 or entries_left <= 0:
-                return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed)
+                return plan_of(
+                    chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed, codecs=codecs
+                )
     if not chosen:
         return None
-    return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed)
+    return plan_of(chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed, codecs=codecs)
 
 
 async def _stable(
@@ -261,14 +271,17 @@ def plan_of(
     max_tasks: int = 1,
     *,
     typed: Mapping[str, tuple[str, ...]] | None = None,
+    codecs: Mapping[str, str] | None = None,
 ) -> Plan:
     """The run reading every entry of ``streams`` (WAL chunks or whole data files) into one
     file per stream, split by time for the topics in ``units``, leaving out ``aborted``
     transactions (see :attr:`CompactionTask.aborted`). With ``max_task_bytes``, WAL entries
     are spread over up to ``max_tasks`` tasks of about that size (:func:`split_by_objects`);
     otherwise one task. The streams of topics in ``typed`` decode those sides into typed
-    columns (:attr:`CompactionTask.typed`)."""
+    columns (:attr:`CompactionTask.typed`); those in ``codecs`` compress their data files
+    with that codec (:func:`codecs_of`)."""
     typed = typed or {}
+    codecs = codecs or {}
     run_id = uuid.uuid4().hex
     groups = [list(streams)]
     if max_task_bytes is not None and all(e.in_wal for s in streams for e in s.entries):
@@ -283,9 +296,17 @@ def plan_of(
             tuple((s.stream_id, units[s.topic]) for s in group if s.topic in units),
             aborted=tuple(a for a in aborted if a[0] in ids),
             typed=tuple((s.stream_id, s.topic, typed[s.topic]) for s in group if s.topic in typed),
+            codecs=tuple((s.stream_id, codecs[s.topic]) for s in group if s.topic in codecs),
         )
         tasks.append(task)
     return Plan(tuple(tasks), tuple(streams), kind)
+
+
+def codecs_of(topics: Iterable[Topic], options: CompactorOptions) -> dict[str, str]:
+    """The topics among ``topics`` whose data files take another codec than zstd, with it."""
+    return {
+        t.name: codec for t in topics if (codec := table_codec(t.configs, options)) != DEFAULT_CODEC
+    }
 
 
 def split_by_objects(

@@ -44,7 +44,12 @@ from icefloe.ports.wal import WAL
 from icefloe.schemas import columns
 from icefloe.schemas.model import SchemaLookup
 from icefloe.storage.batch import BatchHeader, read_header
-from icefloe.storage.parquet import RowBuilder, encode_data_file, encode_dead_letters
+from icefloe.storage.parquet import (
+    DEFAULT_CODEC,
+    RowBuilder,
+    encode_data_file,
+    encode_dead_letters,
+)
 from icefloe.storage.row_schema import OFFSET, PARTITION, TIMESTAMP
 from icefloe.tables import layout
 
@@ -63,6 +68,7 @@ async def execute(
     units = dict(task.time_partitions)
     cleaning = dict(task.cleaning)
     typed = {stream_id: (topic, sides) for stream_id, topic, sides in task.typed}
+    codecs = dict(task.codecs)
     if typed and lookup is None:
         raise ValueError("a task with typed columns needs a schema lookup")
     written = []
@@ -73,7 +79,13 @@ async def execute(
         if not ranges or any(r.source is not Source.PARQUET for r in ranges):
             raise ValueError(f"stream {stream_id}: log compaction reads data files only")
         written += await log_cleaning.clean_stream(
-            task.task_id, ranges, spec, outputs[stream_id], units.get(stream_id), store
+            task.task_id,
+            ranges,
+            spec,
+            outputs[stream_id],
+            units.get(stream_id),
+            store,
+            codecs.get(stream_id, DEFAULT_CODEC),
         )
     for ref in task.refs():
         ranges = [r for r in task.ranges if r.ref == ref and r.stream_id not in cleaning]
@@ -100,21 +112,22 @@ async def execute(
                 table = await _typed_columns(table, *typed[stream_id], lookup)
         unit = units.get(stream_id)
         first, last = stream_pieces[0][0].start_offset, stream_pieces[-1][0].end_offset
+        codec = codecs.get(stream_id, DEFAULT_CODEC)
         for run, start, end in _runs(table, unit, first, last):
-            parquet, facts = await asyncio.to_thread(encode_data_file, run, start, end)
+            parquet, facts = await asyncio.to_thread(encode_data_file, run, start, end, codec)
             path = outputs[stream_id]
             if unit is not None:
                 path = piece_path(path, stream_id, facts["start_offset"], facts["end_offset"])
                 facts["time_bucket"] = unit.bucket(facts["min_timestamp"])
             if stream_id in typed:
-                facts |= await _dead_letters(run, *typed[stream_id], path, store)
+                facts |= await _dead_letters(run, *typed[stream_id], path, store, codec)
             await store.put(path, parquet)
             written.append(WrittenFile(task.task_id, stream_id, path, len(parquet), **facts))
     return written
 
 
 async def _dead_letters(
-    run: pa.Table, topic: str, sides: Sequence[str], path: str, store: ObjectStore
+    run: pa.Table, topic: str, sides: Sequence[str], path: str, store: ObjectStore, codec: str
 ) -> dict[str, Any]:
     """The dead-letter facts of a data file: how many of its records did not decode and, if
     any did not, the file of their rows for the topic's dead-letter table (written here, named
@@ -124,7 +137,7 @@ async def _dead_letters(
         return {"dead_letters": 0}
     partition = int(rows.column(PARTITION)[0].as_py())
     key = layout.dead_letter_file(topic, partition, path.rpartition("/")[2])
-    data = await asyncio.to_thread(encode_dead_letters, rows)
+    data = await asyncio.to_thread(encode_dead_letters, rows, codec)
     await store.put(key, data)
     return {"dead_letters": rows.num_rows, "dead_letter_path": key, "dead_letter_size": len(data)}
 

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import enum
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class TableCodec(enum.StrEnum):
+    """How the record columns of the data files compaction writes are compressed."""
+
+    ZSTD = "zstd"
+    """The smallest files; reading them back costs the most CPU."""
+    SNAPPY = "snappy"
+    """Larger files that decompress faster: cheaper catch-up reads from Parquet."""
+    GZIP = "gzip"
+    """Small files, slow to write and to read; for readers that know no other codec."""
+    NONE = "none"
 
 
 class CompactorOptions(BaseModel):
@@ -54,5 +68,9 @@ class CompactorOptions(BaseModel):
     """Files under a table's root that nothing references (no index entry, no table, no
     unfinished task) are deleted once this old; -1 keeps them (topic config
     ``icefloe.table.orphan.age.ms``)."""
+    table_compression: TableCodec = TableCodec.ZSTD
+    """The codec of the data files' record columns (topic config
+    ``icefloe.table.compression``): every Parquet reader knows each of them. Files keep the
+    codec they were written with; merges and log compaction write the topic's current one."""
     lease_ttl_s: float = Field(default=10.0, gt=0)
     """The compaction leader's lease; a dead leader is replaced after about this long."""

@@ -88,18 +88,21 @@ class CompactionTask:
     time_partitions: tuple[tuple[int, TimePartition], ...] = ()
     """``(stream_id, hour or day)`` of the streams whose files split by record time."""
     cleaning: tuple[tuple[int, CleanSpec], ...] = ()
+    """``(stream_id, spec)`` of the streams this task log-compacts (their sources are data
+    files, each rewritten without the records the spec removes)."""
     aborted: tuple[tuple[int, int, int, int], ...] = ()
     """``(stream_id, producer id, first offset, marker offset)`` of the aborted transactions
     whose records the task's WAL ranges may hold: they stay out of the data files, as do the
     transaction markers (control batches) themselves, so the tables hold committed records
     only."""
-    """``(stream_id, spec)`` of the streams this task log-compacts (their sources are data
-    files, each rewritten without the records the spec removes)."""
     typed: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
     """``(stream_id, topic, sides)`` of the streams of schema-backed topics: the sides
     (``"key"``, ``"value"``) decoded from the Confluent wire format into typed columns
     (:mod:`icefloe.schemas.columns`) as WAL chunks become rows; the topic names the registry
     subjects (``<topic>-value``) whose versions fix the columns' types."""
+    codecs: tuple[tuple[int, str], ...] = ()
+    """``(stream_id, codec)`` of the streams whose data files are compressed with another codec
+    than zstd (``none``, ``snappy``, ``gzip``: the topic's ``icefloe.table.compression``)."""
 
     def refs(self) -> list[str]:
         """The sources the task reads (WAL objects or data files), each once, in first-use

@@ -23,11 +23,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from icefloe.config.compactor import TableCodec
 from icefloe.storage.batch import TimestampType
 from icefloe.storage.record_columns import PADDING, decode_fields
 from icefloe.storage.records import Header, batch_records, record_bounds
 from icefloe.storage.row_schema import OFFSET, PARTITION, ROW_SCHEMA, TIMESTAMP
 
+CODECS: Final = tuple(codec.value for codec in TableCodec)
+"""The codecs a data file's record columns may be written with."""
+DEFAULT_CODEC: Final = TableCodec.ZSTD.value
 ROW_GROUP_BYTES: Final = 1 << 20
 """Target uncompressed size of a row group: about what one fetch of a partition returns."""
 STATISTICS_COLUMNS: Final = [
@@ -57,7 +61,7 @@ UNCOMPRESSED_COLUMNS: Final = frozenset(
         "base_sequence",
     }
 )
-"""Columns written without zstd: their values come in runs (one per file or per batch), which
+"""Columns written without compression: their values come in runs (one per file or per batch), which
 dictionary and run-length encoding already shrink to a few bytes a page, and decompressing
 each of those pages costs a catch-up read more than their bytes (about 30 % of a row group's
 decode time for 1 KiB records)."""
@@ -245,8 +249,11 @@ def _valid_utf8(key: str) -> str:
     return key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
-    """The Parquet bytes of ``table`` (zstd, offset-sized row groups) and its row-group map.
+def encode_parquet(
+    table: pa.Table, codec: str = DEFAULT_CODEC
+) -> tuple[bytes, tuple[RowGroupRange, ...]]:
+    """The Parquet bytes of ``table`` (``codec``, offset-sized row groups) and its row-group
+    map.
 
     Row groups never split a batch, so a fetch that starts at a batch boundary reads whole
     row groups only.
@@ -256,7 +263,7 @@ def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
     with pq.ParquetWriter(
         sink,
         table.schema,  # ROW_SCHEMA, and a schema-backed topic's typed columns after it
-        compression=_compression(table.schema),
+        compression=_compression(table.schema, codec),
         use_dictionary=_dictionary_columns(table.schema),
         write_statistics=STATISTICS_COLUMNS,
         store_schema=False,  # no Arrow metadata: Iceberg and Delta read the Parquet schema
@@ -274,17 +281,18 @@ def encode_parquet(table: pa.Table) -> tuple[bytes, tuple[RowGroupRange, ...]]:
 
 
 def encode_data_file(
-    table: pa.Table, start_offset: int, end_offset: int
+    table: pa.Table, start_offset: int, end_offset: int, codec: str = DEFAULT_CODEC
 ) -> tuple[bytes, dict[str, Any]]:
     """One data file of ``table`` (rows of a stream in offset order) covering
-    ``[start_offset, end_offset)``, and its facts (the fields of a ``WrittenFile``).
+    ``[start_offset, end_offset)``, its columns compressed with ``codec`` (one of
+    :data:`CODECS`), and its facts (the fields of a ``WrittenFile``).
 
     The range may hold more offsets than rows: log compaction leaves gaps, transaction markers
     and aborted transactions leave gaps, and a file's range is what the offset index holds, not
     its first and last rows. A range of markers and aborted records only is a file of no rows
     (its timestamps -1, as Kafka answers "no timestamp").
     """
-    data, groups = encode_parquet(table)
+    data, groups = encode_parquet(table, codec)
     timestamps = pc.min_max(table.column(TIMESTAMP).cast(pa.int64()))
     least, most = timestamps["min"].as_py(), timestamps["max"].as_py()
     facts = {
@@ -298,14 +306,14 @@ def encode_data_file(
     return data, facts
 
 
-def encode_dead_letters(table: pa.Table) -> bytes:
-    """A dead-letter table's data file: zstd, statistics on partition and offset, no Arrow
-    metadata (Iceberg and Delta read the Parquet schema)."""
+def encode_dead_letters(table: pa.Table, codec: str = DEFAULT_CODEC) -> bytes:
+    """A dead-letter table's data file: ``codec``, statistics on partition and offset, no
+    Arrow metadata (Iceberg and Delta read the Parquet schema)."""
     sink = io.BytesIO()
     pq.write_table(
         table,
         sink,
-        compression="zstd",
+        compression=codec,
         write_statistics=["partition", "offset"],
         store_schema=False,
     )
@@ -328,11 +336,11 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [path for path in _leaf_paths(schema) if path not in NO_DICTIONARY_COLUMNS]
 
 
-def _compression(schema: pa.Schema) -> dict[str, str]:
-    """Each leaf column's codec: zstd, but none for :data:`UNCOMPRESSED_COLUMNS`."""
-    return {
-        path: "none" if path in UNCOMPRESSED_COLUMNS else "zstd" for path in _leaf_paths(schema)
-    }
+def _compression(schema: pa.Schema, codec: str) -> dict[str, str]:
+    """Each leaf column's codec: ``codec``, but none for :data:`UNCOMPRESSED_COLUMNS`."""
+    if codec not in CODECS:
+        raise ValueError(f"unknown Parquet codec {codec!r}; one of {', '.join(CODECS)}")
+    return {path: "none" if path in UNCOMPRESSED_COLUMNS else codec for path in _leaf_paths(schema)}
 
 
 def _leaf_index(metadata: pq.FileMetaData, name: str) -> int:

@@ -22,7 +22,7 @@ from typing import Final, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from icefloe.config.compactor import CompactorOptions
+from icefloe.config.compactor import CompactorOptions, TableCodec
 from icefloe.config.storage import StorageOptions
 from icefloe.ports.table import TimePartition
 from icefloe.storage.batch import Compression
@@ -42,6 +42,7 @@ TABLE_IDENTIFIER_CONFIG: Final = IDENTIFIER_CONFIG
 TIME_PARTITION_CONFIG: Final = TIME_PARTITION
 """``none``, ``hour`` or ``day``: also partition the topic's tables by the record timestamp."""
 TABLE_RETENTION_CONFIG: Final = "icefloe.table.retention"
+TABLE_COMPRESSION_CONFIG: Final = "icefloe.table.compression"
 KEY_SCHEMA_CONFIG: Final = "icefloe.table.key.schema"
 VALUE_SCHEMA_CONFIG: Final = "icefloe.table.value.schema"
 """``raw`` (the bytes only) or ``registry``: decode the key (value) into typed table columns
@@ -445,6 +446,16 @@ TOPIC_CONFIGS: Final[Mapping[str, ConfigKey]] = {
                 "its files. Set when the topic is created; it cannot change afterwards.",
             ),
             ConfigKey(
+                TABLE_COMPRESSION_CONFIG,
+                _OneOf(tuple(codec.value for codec in TableCodec)),
+                CompactorOptions.model_fields["table_compression"].default.value,
+                "The codec of the record columns in the data files written for the topic's "
+                "tables: zstd makes the smallest files, snappy larger ones that catch-up reads "
+                "from Parquet decode with less CPU, gzip and none are there for readers that "
+                "need them. Files already written keep their codec (broker-wide: [compactor] "
+                "table_compression).",
+            ),
+            ConfigKey(
                 TABLE_RETENTION_CONFIG,
                 _OneOf(("keep", "delete")),
                 "keep",
@@ -503,6 +514,12 @@ def time_partition(configs: Mapping[str, str]) -> TimePartition | None:
     """The time partitioning of a topic's tables, from its configs."""
     value = configs.get(TIME_PARTITION_CONFIG, "none")
     return None if value == "none" else TimePartition(value)
+
+
+def table_codec(configs: Mapping[str, str], options: CompactorOptions) -> str:
+    """The codec of the data files of a topic with ``configs``: its own, else the
+    broker-wide one."""
+    return configs.get(TABLE_COMPRESSION_CONFIG, options.table_compression.value)
 
 
 def typed_sides(configs: Mapping[str, str]) -> tuple[str, ...]:
