@@ -21,11 +21,16 @@ from icefloe.storage.parquet import UNCOMPRESSED_COLUMNS, encode_data_file
 from icefloe.storage.records import Record
 from icefloe.storage.row_schema import ROW_SCHEMA
 from icefloe.tables import layout
-from icefloe.topics.configs import REWRITE_MIN_FILES_CONFIG, TABLE_COMPRESSION_CONFIG
+from icefloe.topics.configs import (
+    REWRITE_MIN_FILES_CONFIG,
+    TABLE_COMPRESSION_CONFIG,
+    VALUE_SCHEMA_CONFIG,
+)
 from icefloe.topics.registry import Topic
 from tests.compaction.conftest import Parts, _parts
 from tests.compaction.test_log_compaction import produce_updates
 from tests.compaction.test_saga_crashes import table_rows
+from tests.compaction.test_typed_columns import V1, encoded, order, register
 from tests.contract.test_table_delta import delta_rows
 from tests.contract.test_table_iceberg import pyiceberg_table
 
@@ -173,6 +178,24 @@ async def test_log_compaction_writes_the_topics_codec(parts: Parts) -> None:
     assert isinstance(entry.location, ParquetLocation)
     codecs = codecs_of(await storage.object_store.get(entry.location.key))
     assert all(codecs[c] == {"GZIP"} for c in RECORD_COLUMNS)
+
+
+async def test_dead_letter_files_take_the_topics_codec(table_parts: Parts) -> None:
+    storage, topics, compactor = table_parts
+    configs = {VALUE_SCHEMA_CONFIG: "registry", TABLE_COMPRESSION_CONFIG: "snappy"}
+    topic = await topics.create("orders", 1, configs)
+    v1 = await register(storage, V1)
+    good = encoded(v1, V1, order(1))
+    await storage.append(topic.streams[0], [Record(0, 1000, None, v) for v in (good, b"{}")])
+
+    await compactor.until_idle()
+
+    assert await file_codecs(compactor, "orders") == [{"SNAPPY"}]
+    root = layout.dead_letter_root("orders") + "/"
+    letters = [i.key async for i in storage.object_store.list(root) if i.key.endswith(".parquet")]
+    assert len(letters) == 1
+    codecs = codecs_of(await storage.object_store.get(letters[0]))
+    assert codecs["value"] == {"SNAPPY"}
 
 
 async def test_the_broker_wide_codec_applies_where_the_topic_sets_none(
