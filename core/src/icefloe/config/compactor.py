@@ -17,6 +17,7 @@ class TableCodec(enum.StrEnum):
     GZIP = "gzip"
     """Small files, slow to write and to read; for readers that know no other codec."""
     NONE = "none"
+    """The largest files, with nothing to decompress."""
 
 
 class CompactorOptions(BaseModel):

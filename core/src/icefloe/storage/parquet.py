@@ -61,10 +61,10 @@ UNCOMPRESSED_COLUMNS: Final = frozenset(
         "base_sequence",
     }
 )
-"""Columns written without compression: their values come in runs (one per file or per batch), which
-dictionary and run-length encoding already shrink to a few bytes a page, and decompressing
-each of those pages costs a catch-up read more than their bytes (about 30 % of a row group's
-decode time for 1 KiB records)."""
+"""Columns written uncompressed whatever the codec: their values come in runs (one per file or
+per batch), which dictionary and run-length encoding already shrink to a few bytes a page, and
+decompressing each of those pages costs a catch-up read more than their bytes (about 30 % of a
+row group's decode time for 1 KiB records)."""
 log = logging.getLogger(__name__)
 
 _COMPRESSION_BITS: Final = 0x07
