@@ -146,6 +146,29 @@ async def test_spark_and_in_process_engines_write_the_same_tables(
         assert spark_table.to_pylist() == local_table.to_pylist()  # every column, every row
 
 
+async def test_a_tasks_codecs_reach_the_files_spark_writes(
+    shared_spark: SparkCompactionEngine, storage: StreamStorage, tmp_path: Path
+) -> None:
+    streams = await write_streams(storage, count=2, rounds=2)
+    task = await task_for(storage, streams, "codec-task", "codec")
+    snappy = streams[0].stream_id
+    task = dataclasses.replace(task, codecs=((snappy, "snappy"),))
+    spark = await open_engine("spark", storage, tmp_path)
+    try:
+        files = await spark.run([task])
+    finally:
+        await spark.close()
+
+    codecs = {}
+    for file in files:
+        metadata = pq.ParquetFile(io.BytesIO(await storage.object_store.get(file.path))).metadata
+        value = next(
+            i for i in range(metadata.num_columns) if metadata.schema.column(i).path == "value"
+        )
+        codecs[file.stream_id] = metadata.row_group(0).column(value).compression
+    assert codecs == {snappy: "SNAPPY", streams[1].stream_id: "ZSTD"}
+
+
 async def test_a_compactor_on_spark_leaves_what_consumers_read_unchanged(
     shared_spark: SparkCompactionEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
