@@ -31,7 +31,7 @@ Parts = tuple[StreamStorage, TopicRegistry, Compactor]
 
 @pytest.fixture
 async def parts(config: Config) -> AsyncIterator[Parts]:
-    async with _parts(config) as opened:
+    async with opened_parts(config) as opened:
         yield opened
 
 
@@ -45,12 +45,13 @@ async def table_parts(tmp_path: Path) -> AsyncIterator[Parts]:
             "table": {"formats": ["iceberg", "delta"]},
         },
     )
-    async with _parts(config) as opened:
+    async with opened_parts(config) as opened:
         yield opened
 
 
 @contextlib.asynccontextmanager
-async def _parts(config: Config) -> AsyncIterator[Parts]:
+async def opened_parts(config: Config) -> AsyncIterator[Parts]:
+    """Storage, topics and a compactor on ``config``, closed on the way out."""
     async with await StreamStorage.open(config) as storage:
         topics = TopicRegistry(storage)
         await topics.start()

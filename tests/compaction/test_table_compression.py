@@ -27,7 +27,7 @@ from icefloe.topics.configs import (
     VALUE_SCHEMA_CONFIG,
 )
 from icefloe.topics.registry import Topic
-from tests.compaction.conftest import Parts, _parts
+from tests.compaction.conftest import Parts, opened_parts
 from tests.compaction.test_log_compaction import produce_updates
 from tests.compaction.test_saga_crashes import table_rows
 from tests.compaction.test_typed_columns import V1, encoded, order, register
@@ -49,7 +49,7 @@ async def gzip_parts(tmp_path: Path) -> AsyncIterator[Parts]:
             "compactor": {"table_compression": "gzip"},
         },
     )
-    async with _parts(config) as opened:
+    async with opened_parts(config) as opened:
         yield opened
 
 
