@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,17 +36,19 @@ async def parts(config: Config) -> AsyncIterator[Parts]:
         yield opened
 
 
+def table_config(data_dir: Path, **sections: dict[str, Any]) -> Config:
+    """The embedded default with both table formats on, and more ``sections`` of settings."""
+    overrides = {
+        "data_dir": str(data_dir),
+        "storage": {"flush_interval_ms": 2},
+        "table": {"formats": ["iceberg", "delta"]},
+    }
+    return load_config(env={}, overrides=overrides | sections)
+
+
 @pytest.fixture
 async def table_parts(tmp_path: Path) -> AsyncIterator[Parts]:
-    config = load_config(
-        env={},
-        overrides={
-            "data_dir": str(tmp_path),
-            "storage": {"flush_interval_ms": 2},
-            "table": {"formats": ["iceberg", "delta"]},
-        },
-    )
-    async with opened_parts(config) as opened:
+    async with opened_parts(table_config(tmp_path)) as opened:
         yield opened
 
 

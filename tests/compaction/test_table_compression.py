@@ -13,7 +13,6 @@ import pytest
 
 from icefloe.compaction.committer import _decode_task, _encode_task
 from icefloe.compaction.service import Compactor
-from icefloe.config import load_config
 from icefloe.ports.compaction import CompactionTask
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
@@ -27,7 +26,7 @@ from icefloe.topics.configs import (
     VALUE_SCHEMA_CONFIG,
 )
 from icefloe.topics.registry import Topic
-from tests.compaction.conftest import Parts, opened_parts
+from tests.compaction.conftest import Parts, opened_parts, table_config
 from tests.compaction.test_log_compaction import produce_updates
 from tests.compaction.test_saga_crashes import table_rows
 from tests.compaction.test_typed_columns import V1, encoded, order, register
@@ -40,15 +39,7 @@ RECORD_COLUMNS = ("offset", "timestamp", "key", "value")
 @pytest.fixture
 async def gzip_parts(tmp_path: Path) -> AsyncIterator[Parts]:
     """Both table formats, gzip as the broker-wide codec."""
-    config = load_config(
-        env={},
-        overrides={
-            "data_dir": str(tmp_path),
-            "storage": {"flush_interval_ms": 2},
-            "table": {"formats": ["iceberg", "delta"]},
-            "compactor": {"table_compression": "gzip"},
-        },
-    )
+    config = table_config(tmp_path, compactor={"table_compression": "gzip"})
     async with opened_parts(config) as opened:
         yield opened
 

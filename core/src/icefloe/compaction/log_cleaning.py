@@ -39,7 +39,7 @@ from icefloe.errors import CorruptDataError
 from icefloe.ports.compaction import CleanSpec, StreamRange, WrittenFile, cleaned_path
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.table import TimePartition
-from icefloe.storage.parquet import DEFAULT_CODEC, encode_data_file
+from icefloe.storage.parquet import encode_data_file
 from icefloe.storage.row_schema import OFFSET, ROW_SCHEMA, TIMESTAMP
 
 CONTROL_BIT: Final = 0x20
@@ -185,7 +185,7 @@ async def clean_stream(
     output_path: str,
     unit: TimePartition | None,
     store: ObjectStore,
-    codec: str = DEFAULT_CODEC,
+    codec: str,
 ) -> list[WrittenFile]:
     """Log-compact one stream's consecutive data files (``ranges``, in offset order): one
     new file per source over the same offsets, beside ``output_path``, written with

@@ -306,7 +306,7 @@ def encode_data_file(
     return data, facts
 
 
-def encode_dead_letters(table: pa.Table, codec: str = DEFAULT_CODEC) -> bytes:
+def encode_dead_letters(table: pa.Table, codec: str) -> bytes:
     """A dead-letter table's data file: ``codec``, statistics on partition and offset, no
     Arrow metadata (Iceberg and Delta read the Parquet schema)."""
     sink = io.BytesIO()
