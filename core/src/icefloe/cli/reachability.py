@@ -99,7 +99,7 @@ async def check(config: configuration.Config, data_dir: Path, limit_s: float) ->
         return results
     try:
         # The WAL and the table formats live in the object store, as under `serve`.
-        context = OpenContext(data_dir=data_dir, object_store=store)
+        context = OpenContext(data_dir=data_dir, object_store=store, config=config)
         reach, wal = await _probe(wal_backend, context, limit_s, _nothing)
         results.append(reach)
         context = OpenContext(data_dir=data_dir, object_store=store, wal=wal, config=config)

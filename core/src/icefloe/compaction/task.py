@@ -290,7 +290,7 @@ def run_task_in_worker(config: configuration.Config, task: CompactionTask) -> Wo
         context = OpenContext(data_dir=config.data_dir)
         store = await configuration.resolve_one(config, ObjectStore, _backends()).open(context)
         try:
-            wal_context = OpenContext(data_dir=config.data_dir, object_store=store)
+            wal_context = OpenContext(data_dir=config.data_dir, object_store=store, config=config)
             wal = await configuration.resolve_one(config, WAL, _backends()).open(wal_context)
             try:
                 async with _schema_lookup(config, task) as lookup:

@@ -34,4 +34,10 @@ def icefloe_register_backends() -> list[BackendSpec]:
             "icefloe.embedded.object_wal:ObjectWAL",
             "WAL objects in the configured object store (cost-optimised)",
         ),
+        BackendSpec(
+            PortKind.WAL,
+            "local",
+            "icefloe.embedded.local_wal:LocalWAL",
+            "WAL segment files on this machine's disk (latency-optimised)",
+        ),
     ]

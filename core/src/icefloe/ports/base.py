@@ -47,7 +47,8 @@ class OpenContext:
             store itself is being opened.
         wal: The configured WAL, for the compaction engine.
         config: The whole configuration, for backends that open ports in other processes
-            (a compaction engine's workers).
+            (a compaction engine's workers) or read another backend's options (the local WAL
+            reads the object WAL's prefix).
     """
 
     data_dir: Path

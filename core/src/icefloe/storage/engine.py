@@ -103,7 +103,7 @@ class StreamStorage:
             context = OpenContext(data_dir=Path(config.data_dir))
             metadata = await _open(config, MetadataStore, context, opened)
             store = await _open(config, ObjectStore, context, opened)
-            context = OpenContext(data_dir=context.data_dir, object_store=store)
+            context = OpenContext(data_dir=context.data_dir, object_store=store, config=config)
             wal = await _open(config, WAL, context, opened)
             storage = cls(metadata, store, wal, config.storage, owned=list(reversed(opened)))
             await storage.start()
