@@ -11,6 +11,7 @@ import pytest
 
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
+from icefloe.embedded import local_wal
 from icefloe.errors import CorruptDataError, LostDataError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
@@ -18,15 +19,26 @@ from icefloe.topics.registry import TopicRegistry
 from tests.compaction.test_compaction import comparable, read_all, records
 
 
-def object_file(config: Config, entry: IndexEntry) -> Path:
-    """Where the local object store keeps the object an entry points to."""
+def parquet_file(config: Config, entry: IndexEntry) -> Path:
+    """Where the local object store keeps the data file an entry points to."""
     location = entry.location
-    objects = Path(config.data_dir) / "objects"
-    if isinstance(location, ParquetLocation):
-        return objects / location.key
+    assert isinstance(location, ParquetLocation)
+    return Path(config.data_dir) / "objects" / location.key
+
+
+def wal_chunk_in_segment(config: Config, entry: IndexEntry) -> tuple[Path, int]:
+    """The local WAL's segment file holding an entry's chunk, and where the chunk starts."""
+    location = entry.location
     assert isinstance(location, WalLocation)
-    (found,) = objects.rglob(f"*{location.ref.rsplit('/', 1)[-1]}*")
-    return found
+    segment, record, _ = location.ref.split(":")
+    path = Path(config.data_dir) / "wal" / f"{segment}{local_wal.SUFFIX}"
+    return path, int(record) + local_wal.HEADER_BYTES + location.position
+
+
+async def lose(storage: StreamStorage, entry: IndexEntry) -> None:
+    """Delete the WAL object an entry points to, as garbage collection does."""
+    assert isinstance(entry.location, WalLocation)
+    await storage.wal.delete(entry.location.ref)
 
 
 async def three_entries(config: Config, storage: StreamStorage) -> tuple[int, list[IndexEntry]]:
@@ -43,7 +55,7 @@ async def test_a_missing_wal_object_is_lost_data_naming_the_object_and_the_strea
 ) -> None:
     storage, _, _ = parts
     stream, entries = await three_entries(config, storage)
-    object_file(config, entries[1]).unlink()
+    await lose(storage, entries[1])
 
     with pytest.raises(LostDataError) as lost:
         await storage.read(stream, 10)
@@ -61,11 +73,11 @@ async def test_a_corrupt_wal_object_is_corrupt_data(
 ) -> None:
     storage, _, _ = parts
     stream, entries = await three_entries(config, storage)
-    path = object_file(config, entries[0])
+    path, chunk = wal_chunk_in_segment(config, entries[0])
     data = bytearray(path.read_bytes())
     location = entries[0].location
     assert isinstance(location, WalLocation)
-    data[location.position + location.length - 1] ^= 0xFF  # the last record byte of the chunk
+    data[chunk + location.length - 1] ^= 0xFF  # the last record byte of the chunk
     path.write_bytes(bytes(data))
 
     with pytest.raises(CorruptDataError, match="CRC"):
@@ -89,7 +101,7 @@ async def test_a_missing_parquet_file_is_lost_data(
 ) -> None:
     storage = parts[0]
     stream, entry = await one_compacted_entry(parts)
-    object_file(config, entry).unlink()
+    parquet_file(config, entry).unlink()
 
     with pytest.raises(LostDataError, match=r"Parquet file .* missing"):
         await storage.read(stream, 0)
@@ -102,7 +114,7 @@ async def test_a_corrupt_parquet_file_is_corrupt_data(
 ) -> None:
     storage = parts[0]
     stream, entry = await one_compacted_entry(parts)
-    path = object_file(config, entry)
+    path = parquet_file(config, entry)
     path.write_bytes(bytes(path.stat().st_size))  # same size, all zeros
 
     with pytest.raises(CorruptDataError, match="Parquet file"):
@@ -118,7 +130,7 @@ async def test_a_wal_object_replaced_by_compaction_is_not_lost(
     before = await read_all(storage, stream)  # caches the WAL entry
     (wal_entry,) = await storage.index.scan(stream)
     await compactor.until_idle()
-    object_file(config, wal_entry).unlink()  # as garbage collection would, after the swap
+    await lose(storage, wal_entry)  # as garbage collection would, after the swap
     storage.index.remember(wal_entry, 0)  # a stale cache, as before a notification arrives
 
     assert comparable(await read_all(storage, stream)) == comparable(before)
@@ -137,7 +149,7 @@ async def test_wal_objects_replaced_by_compaction_in_the_middle_of_a_read_are_no
     wal_entries = await storage.index.scan(stream)
     await compactor.until_idle()
     for entry in wal_entries[1:]:
-        object_file(config, entry).unlink()
+        await lose(storage, entry)
         storage.index.remember(entry, 0)
 
     result = await storage.read(stream, 10, max_bytes=1 << 20)

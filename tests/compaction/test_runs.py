@@ -91,7 +91,7 @@ def test_a_stream_in_one_object_is_one_task() -> None:
 # --- runs through the saga -----------------------------------------------------------------
 
 
-def runs_config(tmp_path: Path, **compactor: Any) -> Config:
+def runs_config(tmp_path: Path, wal: str | None = None, **compactor: Any) -> Config:
     return load_config(
         env={},
         overrides={
@@ -100,7 +100,8 @@ def runs_config(tmp_path: Path, **compactor: Any) -> Config:
             "table": {"formats": ["iceberg", "delta"]},
             "compactor": compactor,
             "compaction": {"local": {"workers": 2}},
-        },
+        }
+        | ({"wal": {"backend": wal}} if wal else {}),
     )
 
 
@@ -142,7 +143,8 @@ def wanted(expected: dict[int, Any]) -> list[tuple[int, int, bytes]]:
 async def test_one_run_of_many_tasks_reads_each_object_once_and_commits_once(
     tmp_path: Path,
 ) -> None:
-    config = runs_config(tmp_path, max_task_bytes=4000, max_tasks_per_run=64)
+    # WAL objects in the object store: the workers' object-store reads count them.
+    config = runs_config(tmp_path, "object", max_task_bytes=4000, max_tasks_per_run=64)
     async with open_parts(config) as (storage, topics):
         expected = await fill(storage, topics, rounds=6)
         objects = {

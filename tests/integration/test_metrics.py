@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
@@ -26,10 +27,12 @@ FORMATS = ("iceberg", "delta")
 
 @pytest.fixture
 def zoned(tmp_path: Path) -> Iterator[RunningIcefloe]:
-    """One broker in zone a that compacts within seconds."""
+    """One broker in zone a that compacts within seconds, its WAL objects in the object store
+    (so that the broker's and the compaction's object-store requests both move)."""
     running = start_icefloe(
         tmp_path / "data",
         env={
+            "ICEFLOE_WAL__BACKEND": "object",
             "ICEFLOE_BROKER__ZONE": "a",
             "ICEFLOE_COMPACTOR__MAX_AGE_S": "1",
             "ICEFLOE_COMPACTOR__MIN_AGE_S": "0",
@@ -149,9 +152,10 @@ def test_liveness_and_readiness_answer(zoned: RunningIcefloe) -> None:
     assert "/metrics" in text
 
 
-def test_cost_counts_every_wal_object_as_a_put(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    running = start_icefloe(data, env={"ICEFLOE_COMPACTOR__ENABLED": "false"})
+def cost_report(data: Path, wal_backend: str) -> dict[str, Any]:
+    """``icefloe cost --json`` after 3,000 records, compaction off, on the given WAL."""
+    wal = {"ICEFLOE_WAL__BACKEND": wal_backend}
+    running = start_icefloe(data, env={"ICEFLOE_COMPACTOR__ENABLED": "false", **wal})
     try:
         create_topic(running.bootstrap, "billed")
         produce(running.bootstrap, "billed", 3000)
@@ -160,12 +164,18 @@ def test_cost_counts_every_wal_object_as_a_put(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")},
+            env={k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")} | wal,
         )
     finally:
         running.stop()
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_cost_counts_every_wal_object_as_a_put(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    report = cost_report(data, "object")
     wal_objects = [p for p in (data / "objects" / "wal").rglob("*") if p.is_file()]
     assert report["wal_objects"] == len(wal_objects) > 0
     # Nothing else writes while compaction is off: every PUT is a WAL object.
@@ -177,6 +187,19 @@ def test_cost_counts_every_wal_object_as_a_put(tmp_path: Path) -> None:
         (len(wal_objects) * 0.005 + report["requests"].get("GET", 0) * 0.0004) / 1000 / gb
     )
     assert report["stored"]["wal_bytes"] == sum(p.stat().st_size for p in wal_objects)
+    assert report["flush_profile"] == "latency"
+
+
+def test_cost_of_the_local_wal_counts_its_objects_but_no_object_store_request(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    report = cost_report(data, "local")
+    assert report["wal_objects"] > 0
+    assert report["requests"].get("PUT", 0) == 0  # nothing else writes with compaction off
+    assert not (data / "objects" / "wal").exists()
+    # Nothing was released: the WAL holds every byte flushed.
+    assert report["stored"]["wal_bytes"] == report["wal_bytes"] > 3000 * 200
     assert report["flush_profile"] == "latency"
 
 

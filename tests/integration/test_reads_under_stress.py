@@ -21,6 +21,7 @@ import pytest
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.errors import ErrorCode
 
+from icefloe.embedded import local_wal
 from icefloe.storage.batch import read_header
 from icefloe.storage.index import ParquetLocation
 from tests.support.broker import RunningIcefloe, start_icefloe
@@ -136,8 +137,9 @@ def test_a_fetch_capped_by_its_partition_limit_is_answered_before_its_wait(
     assert waited < 10, f"answered after {waited:.1f} s of a 20 s wait"
 
 
-def wal_object_files(data_dir: Path) -> list[Path]:
-    return sorted(p for p in (data_dir / "objects").rglob("*") if p.is_file() and "wal" in p.parts)
+def wal_segment_files(data_dir: Path) -> list[Path]:
+    """The local WAL's segment files (the embedded default's WAL)."""
+    return sorted((data_dir / "wal").glob(f"*{local_wal.SUFFIX}"))
 
 
 def test_a_lost_wal_object_is_a_storage_error_and_later_records_stay_readable(
@@ -149,7 +151,7 @@ def test_a_lost_wal_object_is_a_storage_error_and_later_records_stay_readable(
     with KafkaWire(running.bootstrap) as wire:
         wire.request(produce_request("lost", 0, batch_of([b"gone-1", b"gone-2"])))
     running.stop()
-    (lost,) = wal_object_files(data)
+    (lost,) = wal_segment_files(data)  # holding the one WAL object written
     lost.unlink()
 
     # Restarted, the broker holds no copy in memory; a record written now lives elsewhere.
@@ -168,7 +170,7 @@ def test_a_lost_wal_object_is_a_storage_error_and_later_records_stay_readable(
     assert again.error_code == ErrorCode.kafka_storage_error
     assert kept.error_code == ErrorCode.none
     assert b"kept" in kept.records
-    errors = [line for line in running.log_path.read_text().splitlines() if lost.name in line]
+    errors = [line for line in running.log_path.read_text().splitlines() if lost.stem in line]
     assert len(errors) == 1, errors  # one line, not one per retry
     assert "offsets [0, 2)" in errors[0]
     assert "Traceback" not in running.log_path.read_text()

@@ -138,7 +138,7 @@ async def test_invariant_3_crash_between_wal_write_and_commit_leaves_nothing_vis
 async def test_invariant_6_collection_never_deletes_a_referenced_wal_object(
     tmp_path: Path,
 ) -> None:
-    config = storage_config(tmp_path, commit_deadline_s=0.1, orphan_grace_s=0.2)
+    config = storage_config(tmp_path, commit_deadline_s=0.5, orphan_grace_s=0.6)
     async with await StreamStorage.open(config) as storage:
         streams = [await storage.create_stream(f"s{i}") for i in range(3)]
         for i in range(10):
@@ -147,7 +147,7 @@ async def test_invariant_6_collection_never_deletes_a_referenced_wal_object(
             )
         orphan = await storage.wal.append(b"never committed")
         before = {info.ref async for info in storage.wal.list()}
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.7)
         assert await storage.collect_orphans() == [orphan]
         assert {info.ref async for info in storage.wal.list()} == before - {orphan}
     async with await StreamStorage.open(config) as fresh:  # nothing cached: reads hit the WAL

@@ -20,7 +20,7 @@ from icefloe.storage.batch import ATTRIBUTES_AT, CRC_AT, BatchError, Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.storage.records import Record, build_batch
-from tests.support.storage import storage_config
+from tests.support.storage import count_wal_reads, storage_config
 
 
 def records(n: int, *, start_ts: int = 1_700_000_000_000, tag: str = "r") -> list[Record]:
@@ -178,14 +178,12 @@ async def test_recent_wal_objects_are_served_from_memory(
 ) -> None:
     stream = await storage.create_stream("s")
     await storage.append(stream, records(5))
-    object_store = storage.wal._store  # type: ignore[attr-defined]
-    gets = object_store.stats.requests["GET"]
+    reads = count_wal_reads(storage.wal)
     await storage.read(stream, 0)
-    assert object_store.stats.requests["GET"] == gets
-    other_store = other_storage.wal._store  # type: ignore[attr-defined]
-    other_gets = other_store.stats.requests["GET"]
+    assert reads == []
+    other_reads = count_wal_reads(other_storage.wal)
     assert comparable(await other_storage.read_records(stream, 0)) == comparable(records(5))
-    assert other_store.stats.requests["GET"] == other_gets + 1
+    assert len(other_reads) == 1
 
 
 async def test_a_read_across_entries_reads_their_wal_objects_at_once(
@@ -196,21 +194,20 @@ async def test_a_read_across_entries_reads_their_wal_objects_at_once(
     stream = await other_storage.create_stream("s")
     for i in range(6):
         await other_storage.append(stream, records(4, tag=f"p{i}"))
-    store = storage.wal._store  # type: ignore[attr-defined]
-    get_view = store.get_view
+    read_from_wal = storage.wal.read
     in_flight = most = 0
 
-    async def slow_get_view(key: str, start: int = 0, end: int | None = None) -> memoryview:
+    async def slow_read(ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
         nonlocal in_flight, most
         in_flight += 1
         most = max(most, in_flight)
         try:
             await asyncio.sleep(0.01)
-            return await get_view(key, start, end)
+            return await read_from_wal(ref, start, end)
         finally:
             in_flight -= 1
 
-    store.get_view = slow_get_view
+    storage.wal.read = slow_read  # type: ignore[method-assign]
     result = await storage.read(stream, 0, max_bytes=1 << 20)
 
     assert most == 6
@@ -243,12 +240,11 @@ async def test_streams_read_together_share_one_read_of_their_wal_object(
     assert len({e.location.ref for e in entries}) == 1  # type: ignore[union-attr]
     for s in streams:  # the index entries, as a broker holds them once it has read a stream
         await storage.read(s, 0)
-    store = storage.wal._store  # type: ignore[attr-defined]
-    gets = store.stats.requests["GET"]
+    reads = count_wal_reads(storage.wal)
 
     read = await asyncio.gather(*(storage.read_records(s, 0) for s in streams))
 
-    assert store.stats.requests["GET"] == gets + 1
+    assert len(reads) == 1
     assert [comparable(r) for r in read] == [comparable(records(3, tag=f"t{i}")) for i in range(4)]
 
 

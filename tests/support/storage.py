@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from icefloe.config import Config, load_config
+from icefloe.ports.wal import WAL
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
 
@@ -46,3 +47,16 @@ async def read_all(storage: StreamStorage, stream: int, max_bytes: int = 64 << 1
         out.extend(batch)
         offset = batch[-1].offset + 1
     return out
+
+
+def count_wal_reads(wal: WAL) -> list[str]:
+    """The references read from ``wal`` from now on, one per read (whichever the backend)."""
+    refs: list[str] = []
+    read_from_wal = wal.read
+
+    async def counted(ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
+        refs.append(ref)
+        return await read_from_wal(ref, start, end)
+
+    wal.read = counted  # type: ignore[method-assign]
+    return refs

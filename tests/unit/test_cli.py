@@ -61,7 +61,7 @@ def test_config_check_reaches_every_embedded_backend_and_creates_no_data_folder(
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"data_dir: {tmp_path / 'icefloe-data'} does not exist yet")
-    for backend in ("metadata: sqlite", "object_store: local", "wal: object", "table: iceberg"):
+    for backend in ("metadata: sqlite", "object_store: local", "wal: local", "table: iceberg"):
         assert any(line.startswith(f"{backend} — reachable (") for line in lines), lines
     assert "compaction: local (not started by the check)" in lines
     assert not (tmp_path / "icefloe-data").exists()
@@ -147,4 +147,4 @@ def test_unknown_config_key_stops_any_command() -> None:
 def test_contract_test_of_an_unknown_backend_lists_the_installed_ones() -> None:
     result = icefloe("contract-test", "wal", "bookkeper")
     assert result.returncode == 2
-    assert "valid choices: bookkeeper, object" in result.stderr
+    assert "valid choices: bookkeeper, local, object" in result.stderr

@@ -9,6 +9,7 @@ from pydantic import SecretStr
 
 from icefloe import config as configuration
 from icefloe.config import load_config, resolve, resolve_one
+from icefloe.config.loading import Config, ObjectStoreSection, WalSection
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
 from icefloe.errors import ConfigError
 from icefloe.plugins import BackendRegistry, get_plugin_manager, hookimpl
@@ -27,8 +28,28 @@ def test_defaults_select_the_embedded_backends() -> None:
     config = load_config(env={})
     assert config.metadata.backend == "sqlite"
     assert config.object_store.backend == "local"
-    assert config.wal.backend == "object"
+    assert config.wal.backend == "local"
     assert config.table.formats == "installed"
+
+
+def test_the_wal_defaults_to_the_object_wal_beside_any_other_object_store(tmp_path: Path) -> None:
+    assert load_config(env={"ICEFLOE_OBJECT_STORE__BACKEND": "s3"}).wal.backend == "object"
+    config = load_config(write(tmp_path, '[object_store]\nbackend = "gcs"\n'), env={})
+    assert config.wal.backend == "object"
+    assert Config(object_store=ObjectStoreSection(backend="azure")).wal.backend == "object"
+
+
+def test_a_chosen_wal_backend_stays_whatever_the_object_store(tmp_path: Path) -> None:
+    assert load_config(env={"ICEFLOE_WAL__BACKEND": "object"}).wal.backend == "object"
+    config = load_config(write(tmp_path, '[wal]\nbackend = "bookkeeper"\n'), env={})
+    assert config.wal.backend == "bookkeeper"
+    assert Config(wal=WalSection(backend="object")).wal.backend == "object"
+
+
+def test_wal_options_alone_keep_the_default_backend_and_reach_it() -> None:
+    config = load_config(env={"ICEFLOE_WAL__LOCAL__SEGMENT_BYTES": "1048576"})
+    assert config.wal.backend == "local"
+    assert config.wal.options_for("local") == {"segment_bytes": 1048576}
 
 
 def test_one_line_in_the_file_selects_a_backend(tmp_path: Path) -> None:

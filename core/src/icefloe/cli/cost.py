@@ -19,6 +19,7 @@ import click
 from icefloe.cli import data_dir
 from icefloe.cli.cost_report import Counters, Report, Stored, chart, render
 from icefloe.cli.data_dir import data_dir_option
+from icefloe.config.loading import LOCAL_WAL, OBJECT_WAL
 from icefloe.errors import IcefloeError
 
 if TYPE_CHECKING:
@@ -159,8 +160,15 @@ def _scrape(url: str) -> str | Exception:
 
 
 async def _stored(config: Config, storage: StreamStorage) -> Stored:
-    wal_prefix = str(config.wal.options_for(config.wal.backend or "").get("prefix", "wal")) + "/"
+    """What is stored now: the WAL's objects as the WAL lists them, the rest as the object
+    store does."""
+    wal_prefix = str(config.wal.options_for(OBJECT_WAL).get("prefix", "wal")) + "/"
+    # Both list the object WAL's objects in the store (the local WAL those it left there).
+    listed_by_the_wal = config.wal.backend in (OBJECT_WAL, LOCAL_WAL)
     stored = Stored()
     async for info in storage.object_store.list():  # one object at a time: any bucket size
-        stored = stored.plus(info.key, info.size, wal_prefix)
+        if not (listed_by_the_wal and info.key.startswith(wal_prefix)):
+            stored = stored.plus(info.key, info.size, wal_prefix)
+    async for wal_object in storage.wal.list():
+        stored = stored.plus_wal(wal_object.size)
     return stored

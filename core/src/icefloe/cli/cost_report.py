@@ -92,7 +92,7 @@ class Counters:
 
 @dataclass(frozen=True)
 class Stored:
-    """Bytes in the object store now, by what they are."""
+    """Bytes stored now, by what they are."""
 
     wal_bytes: int = 0
     parquet_bytes: int = 0
@@ -106,6 +106,10 @@ class Stored:
         if key.endswith(".parquet"):
             return dataclasses.replace(self, parquet_bytes=self.parquet_bytes + size)
         return dataclasses.replace(self, other_bytes=self.other_bytes + size)
+
+    def plus_wal(self, size: int) -> Stored:
+        """These bytes and one more WAL object's, wherever the WAL keeps it."""
+        return dataclasses.replace(self, wal_bytes=self.wal_bytes + size)
 
 
 @dataclass(frozen=True)

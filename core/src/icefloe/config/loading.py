@@ -62,6 +62,11 @@ _SINGLE_BACKEND_PORTS: Final = (
 )
 
 
+LOCAL_STORE: Final = "local"
+LOCAL_WAL: Final = "local"
+OBJECT_WAL: Final = "object"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -89,7 +94,11 @@ class ObjectStoreSection(BackendSection):
 
 
 class WalSection(BackendSection):
-    backend: str | None = "object"
+    """Left unset in a configuration, ``backend`` is ``local`` beside a local object store on a
+    POSIX system (appending to segment files costs a flush far less than a file per WAL object)
+    and ``object`` otherwise (:meth:`Config._wal_beside_the_object_store`)."""
+
+    backend: str | None = OBJECT_WAL
 
 
 class CompactionSection(BackendSection):
@@ -99,6 +108,16 @@ class CompactionSection(BackendSection):
 
 
 INSTALLED: Final = "installed"
+
+
+def _chosen_backend(section: Any) -> str | None:
+    """The ``backend`` a section's raw value sets (``None`` when it leaves the default)."""
+    if isinstance(section, BackendSection):
+        return section.backend if "backend" in section.model_fields_set else None
+    if isinstance(section, Mapping) and "backend" in section:
+        backend = section["backend"]
+        return backend if isinstance(backend, str) else ""
+    return None
 
 
 class TableSection(_Section):
@@ -158,6 +177,23 @@ class Config(BaseModel):
     _env_names: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
     """The environment variable behind each key it set, so that errors found later (by
     ``resolve``) name the variable to fix."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wal_beside_the_object_store(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or _chosen_backend(data.get("wal")) is not None:
+            return data
+        store = _chosen_backend(data.get("object_store")) or ObjectStoreSection().backend
+        if store != LOCAL_STORE or os.name != "posix":  # the local WAL needs flock and pwritev
+            return data
+        wal = data.get("wal")
+        if isinstance(wal, WalSection):
+            options = dict(wal.model_extra or {})
+        elif isinstance(wal, Mapping) or wal is None:
+            options = dict(wal or {})
+        else:
+            return data  # not a table: the field's own validation says so
+        return {**data, "wal": {**options, "backend": LOCAL_WAL}}
 
     def section(self, kind: PortKind) -> BackendSection | TableSection:
         section: BackendSection | TableSection = getattr(self, kind.value)
