@@ -62,36 +62,44 @@ def read_all(
     idle_s: float | None = None,
 ) -> list[bytes]:
     """Every value a consumer with ``isolation`` reads, from the start: until it is idle for
-    ``idle_s`` if given, else until the broker has let it read up to each partition's log end
-    as it stood when the read began and it is idle for a second. A read_committed consumer
-    gets there only once no open transaction holds a partition back, so a last stable offset
-    that never moves fails here, and a slow read does not pass for the end of the data."""
+    ``idle_s`` if given, else until it has fetched each partition to its end (the consumer's
+    end-of-partition event) and that end is the log end as it stood when the read began. A
+    read_committed consumer gets there only once no open transaction holds a partition back,
+    so a last stable offset that never moves fails here, and a slow read does not pass for the
+    end of the data."""
     consumer = Consumer(
         {
             "bootstrap.servers": cluster.bootstrap,
             "group.id": f"reader-{time.monotonic_ns()}",
             "isolation.level": isolation,
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
         }
     )
     assigned = [TopicPartition(topic, p, 0) for p in range(partitions)]
     ends = _log_ends(cluster, assigned)
     consumer.assign(assigned)
     values: list[bytes] = []
+    fetched_to = [-1] * partitions  # where each partition's last end-of-partition event was
     last = time.monotonic()
     deadline = last + 60
     while True:
         idle = time.monotonic() - last
         if idle_s is not None and idle >= idle_s:
             break
-        if idle_s is None and idle >= 1 and _reached(_readable_to(consumer, assigned), ends):
+        if idle_s is None and _reached(fetched_to, ends):
             break
         assert time.monotonic() < deadline, (
-            f"read {values}, but the broker let it read to {_readable_to(consumer, assigned)} "
-            f"of the log ends {ends}"
+            f"read {values}, fetched to {fetched_to}, but the broker let it read to "
+            f"{_readable_to(consumer, assigned)} of the log ends {ends}"
         )
         message = consumer.poll(0.5)
-        if message is None or message.error() is not None:
+        if message is None:
+            continue
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                fetched_to[message.partition()] = message.offset()
             continue
         values.append(message.value())
         last = time.monotonic()
