@@ -4,7 +4,9 @@ its segments' lifecycle and what it does with torn or foreign bytes."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -247,6 +249,37 @@ class TestLocalWAL(WALContract):
         assert after.split(":")[0] != kept.split(":")[0]
 
     @pytest.mark.asyncio
+    async def test_a_cancelled_append_keeps_its_segment_open_until_its_write_ends(
+        self, wal: WAL, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        release = threading.Event()
+        syncing = threading.Event()
+        real_sync = os.fdatasync
+
+        def slow_sync(fd: int) -> None:
+            syncing.set()
+            release.wait(10)
+            real_sync(fd)
+
+        monkeypatch.setattr(local_wal.os, "fdatasync", slow_sync)
+        append = asyncio.create_task(wal.append(b"a" * 40_000))
+        await asyncio.to_thread(syncing.wait, 10)
+        append.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await append
+        monkeypatch.setattr(local_wal.os, "fdatasync", real_sync)
+        # The next append does not fit: the first segment is retired while its write goes on.
+        later = asyncio.create_task(wal.append(b"b" * 40_000))
+        await asyncio.sleep(0.05)
+        first = self.segments(options)[0]
+        assert _held(first)  # still open and locked: the write has not ended
+        release.set()
+        await later
+        await asyncio.sleep(0.05)  # the write's end is handled on the loop
+        assert not _held(first)
+        assert [info.size async for info in wal.list()] == [40_000, 40_000]
+
+    @pytest.mark.asyncio
     async def test_concurrent_appends_across_a_segment_boundary_are_all_durable(
         self, wal: WAL, options: dict[str, Any]
     ) -> None:
@@ -300,3 +333,15 @@ class TestLocalWAL(WALContract):
     def test_a_segment_size_out_of_bounds_is_rejected(self, size: int) -> None:
         with pytest.raises(ValidationError, match="segment_bytes"):
             LocalWALOptions.model_validate({"segment_bytes": size})
+
+
+def _held(segment: Path) -> bool:
+    """Whether some writer holds the segment's lock."""
+    fd = os.open(segment, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

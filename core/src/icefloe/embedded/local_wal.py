@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import struct
@@ -180,16 +181,22 @@ class LocalWAL(WAL):
         segment.users += 1
         # Taken before the write, so a record's time never lies in its future.
         created_ms = time.time_ns() // 1_000_000
-        try:
-            position = await self._files.call(
-                f"append to segment {segment.name}", segment.append, view, created_ms
-            )
-        finally:
-            segment.users -= 1
-            if segment.failed is not None:
-                self._retire(segment)
-            self._close_if_done(segment)
+        write = asyncio.ensure_future(
+            self._files.call(f"append to segment {segment.name}", segment.append, view, created_ms)
+        )
+        # The segment is let go when the write ends, not when an append cancelled meanwhile
+        # stops waiting: its file stays open while a pool thread still writes to it.
+        write.add_done_callback(functools.partial(self._write_ended, segment))
+        position = await asyncio.shield(write)
         return f"{segment.name}:{position}:{len(view)}"
+
+    def _write_ended(self, segment: _Segment, write: asyncio.Future[int]) -> None:
+        if not write.cancelled():
+            write.exception()  # its appender hears of it, unless it was cancelled meanwhile
+        segment.users -= 1
+        if segment.failed is not None:
+            self._retire(segment)
+        self._close_if_done(segment)
 
     async def _segment_for(self, size: int) -> _Segment:
         """The segment the next ``size`` bytes go to, starting a new one when it is full."""
