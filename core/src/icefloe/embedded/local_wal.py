@@ -1,8 +1,8 @@
 """The local WAL: WAL objects appended to segment files on this machine's disk.
 
 Why not a file per WAL object, as the object-store WAL keeps them on the local object store:
-there every flush creates a file (ext4 then searches its inode bitmap past the inodes that
-collected WAL objects freed), syncs it, renames it into place and syncs its folder: two
+there every flush creates a file (ext4 then searches its inode bitmap past the inodes of the
+WAL objects garbage collection freed), syncs it, renames it into place and syncs its folder: two
 journal commits and an inode allocation per flush, several times what the flush's bytes cost.
 Appending to a file that is already there costs one data sync.
 
