@@ -224,7 +224,7 @@ class TestLocalWAL(WALContract):
     ) -> None:
         data = os.urandom(50_000)
         ref = await wal.append(data)
-        monkeypatch.setattr(local_wal, "_NOWAIT", None)  # as on a system without RWF_NOWAIT
+        monkeypatch.setattr(local_wal, "NOWAIT", None)  # as on a system without RWF_NOWAIT
         assert await wal.read(ref, 100, 40_000) == data[100:40_000]
         assert await wal.read(ref) == data
 

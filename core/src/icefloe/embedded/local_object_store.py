@@ -36,12 +36,17 @@ import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Final, Self, TypeVar, TypeVarTuple, Unpack
+from typing import IO, Final, Self, TypeVar, TypeVarTuple, Unpack
 
-import numpy as np
 from pydantic import Field
 
 from icefloe.adapters.blocking import BlockingSdk
+from icefloe.embedded.file_io import (
+    NOWAIT,
+    READ_FROM_CACHE_AT_ONCE,
+    fsync_folder,
+    uninitialised_buffer,
+)
 from icefloe.errors import (
     AlreadyExistsError,
     ClosedError,
@@ -64,13 +69,6 @@ SPARE_DELAY_S: Final = 0.003
 """How long after a put its successor's temporary file is made: a file created while the
 caller's next step fsyncs (a WAL put is followed by the index commit) joins that fsync's
 journal commit and slows it; a few milliseconds later the filesystem is idle again."""
-
-_READ_FROM_CACHE_AT_ONCE: Final = 8 << 20
-"""Most bytes a ranged read copies from the page cache on the event loop (about a
-millisecond's work); a larger one goes to the thread pool whole."""
-_NOWAIT: Final = getattr(os, "RWF_NOWAIT", None)
-"""preadv's flag to read only what the page cache holds (Linux); without it every read goes
-to the thread pool."""
 
 _COMMIT_ATTEMPTS: Final = 64
 _LIST_PAGE: Final = 1000
@@ -197,7 +195,7 @@ class LocalObjectStore(ObjectStore):
         """The range in a new buffer, filled from its start as far as the page cache holds it
         (on the event loop, never waiting for the disk); ``None`` if the pool must read it
         all: too large, nothing cached, or any error (which the pool's read then reports)."""
-        if _NOWAIT is None or end is None or end - start > _READ_FROM_CACHE_AT_ONCE:
+        if NOWAIT is None or end is None or end - start > READ_FROM_CACHE_AT_ONCE:
             return None
         try:
             fd = os.open(self._path_of(key), os.O_RDONLY | os.O_CLOEXEC)
@@ -207,7 +205,7 @@ class LocalObjectStore(ObjectStore):
             buffer = _buffer_for(fd, start, end)
             if not len(buffer):
                 return buffer, 0
-            return buffer, os.preadv(fd, [buffer], start, _NOWAIT)
+            return buffer, os.preadv(fd, [buffer], start, NOWAIT)
         except OSError:  # EAGAIN: not in the page cache
             return None
         finally:
@@ -343,7 +341,7 @@ class LocalObjectStore(ObjectStore):
                 raise AlreadyExistsError(f"object {key!r} already exists") from None
             except (IsADirectoryError, NotADirectoryError) as exc:
                 raise _folder_conflict(key) from exc
-            _fsync_folder(os.path.dirname(final))
+            fsync_folder(os.path.dirname(final))
             return
         raise StorageError(f"could not create the folders of {key!r}: they keep being removed")
 
@@ -363,7 +361,7 @@ class LocalObjectStore(ObjectStore):
                 # A concurrent writer made it (and a concurrent delete may have removed it
                 # since: the next mkdir or the commit then fails and is retried).
                 continue
-            _fsync_folder(os.path.dirname(folder))
+            fsync_folder(os.path.dirname(folder))
 
     def _open_object(self, key: str) -> IO[bytes]:
         try:
@@ -579,14 +577,6 @@ def _is_file(path: str) -> bool:
         return False
 
 
-def _fsync_folder(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _folder_conflict(key: str) -> StorageError:
     return StorageError(
         f"object key {key!r} clashes with a folder of other keys: the local object store "
@@ -600,5 +590,4 @@ def _buffer_for(fd: int, start: int, end: int | None) -> memoryview:
     work."""
     size = os.fstat(fd).st_size
     stop = size if end is None else min(end, size)
-    array: Any = np.empty(max(0, stop - start), dtype=np.uint8)  # numpy's stubs lack Buffer
-    return memoryview(array)
+    return uninitialised_buffer(stop - start)

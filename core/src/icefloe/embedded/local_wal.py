@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import os
@@ -53,11 +54,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Self
 
-import numpy as np
 from crc32c import crc32c
 from pydantic import Field
 
 from icefloe.adapters.blocking import BlockingSdk
+from icefloe.embedded.file_io import (
+    NOWAIT,
+    READ_FROM_CACHE_AT_ONCE,
+    fsync_folder,
+    uninitialised_buffer,
+)
 from icefloe.embedded.object_wal import ObjectWAL
 from icefloe.errors import ClosedError, NotFoundError, StorageError
 from icefloe.ports.base import BackendOptions, OpenContext
@@ -78,11 +84,6 @@ _REF: Final = re.compile(r"(\d{13}-[0-9a-f]{32}):(\d{1,15}):(\d{1,15})")
 STALE_EMPTY_SEGMENT_S: Final = 3600.0
 """A segment without a single record this old belongs to a writer that died before its first
 append (a live one writes its first record right after creating the file)."""
-_NOWAIT: Final = getattr(os, "RWF_NOWAIT", None)
-"""preadv's flag to read only what the page cache holds (Linux)."""
-_READ_FROM_CACHE_AT_ONCE: Final = 8 << 20
-"""Most bytes a read copies from the page cache on the event loop (about a millisecond's
-work): a thread hop costs more than that copy."""
 
 
 class LocalWALOptions(BackendOptions):
@@ -123,7 +124,6 @@ class LocalWAL(WAL):
             earlier: The WAL whose objects the index may still reference (the object WAL of
                 the configured object store): read, listed and deleted through this one.
         """
-        self.folder = folder
         self._earlier = earlier
         self._folder = str(folder)
         self._segment_bytes = segment_bytes
@@ -337,7 +337,7 @@ class _Segment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            _fsync_folder(folder)
+            fsync_folder(folder)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -427,9 +427,7 @@ def _records(fd: int, file_size: int, modified: float) -> list[_Record]:
         if record is None:
             break
         # The file's time bounds a writer whose clock ran ahead.
-        records.append(
-            _Record(position, record.length, min(record.created, modified), record.deleted)
-        )
+        records.append(dataclasses.replace(record, created=min(record.created, modified)))
         position += HEADER_BYTES + record.length
     return records
 
@@ -448,7 +446,7 @@ def _read_cached(
     """The range read on the event loop from the page cache, never waiting for the disk;
     ``None`` when the pool must read it: too large, not all cached, or any error (which the
     pool's read then reports)."""
-    if _NOWAIT is None or stop - start > _READ_FROM_CACHE_AT_ONCE:
+    if NOWAIT is None or stop - start > READ_FROM_CACHE_AT_ONCE:
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -456,15 +454,14 @@ def _read_cached(
         return None
     try:
         header = bytearray(HEADER_BYTES)
-        if os.preadv(fd, [header], position, _NOWAIT) != HEADER_BYTES:
+        if os.preadv(fd, [header], position, NOWAIT) != HEADER_BYTES:
             return None
         _check_record(header, ref, position, length)
-        buffer = _buffer(stop - start)
-        if len(buffer) and os.preadv(fd, [buffer], position + HEADER_BYTES + start, _NOWAIT) != len(
-            buffer
-        ):
-            return None
-        return buffer
+        buffer = uninitialised_buffer(stop - start)
+        if not len(buffer):
+            return buffer
+        read = os.preadv(fd, [buffer], position + HEADER_BYTES + start, NOWAIT)
+        return buffer if read == len(buffer) else None
     except OSError:  # EAGAIN: not in the page cache
         return None
     finally:
@@ -481,7 +478,7 @@ def _read_file(
         raise NotFoundError(f"WAL object {ref!r} does not exist") from exc
     try:
         _check_record(os.pread(fd, HEADER_BYTES, position), ref, position, length)
-        buffer = _buffer(stop - start)
+        buffer = uninitialised_buffer(stop - start)
         filled = 0
         while filled < len(buffer):
             read = os.preadv(fd, [buffer[filled:]], position + HEADER_BYTES + start + filled)
@@ -543,18 +540,3 @@ def _write_all(fd: int, parts: Sequence[Any], position: int) -> None:
             views.pop(0)
         if views and written:
             views[0] = views[0][written:]
-
-
-def _buffer(size: int) -> memoryview:
-    """An uninitialised buffer of ``size`` bytes: a read fills it, so zeroing it (as
-    ``bytearray(size)`` does) would be wasted work."""
-    array: Any = np.empty(size, dtype=np.uint8)  # numpy's stubs lack Buffer
-    return memoryview(array)
-
-
-def _fsync_folder(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
