@@ -189,6 +189,52 @@ class TestSqliteMetadataStore(MetadataStoreContract):
         assert read_value(Path(options["path"]), "live/key") is None
 
     @pytest.mark.asyncio
+    async def test_a_commit_hands_the_watchers_its_changes_without_another_read(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        read = count_calls(monkeypatch, "read_changes")
+        committed_and_read = count_calls(monkeypatch, "run_group_and_read_changes")
+
+        def reads_alone() -> int:
+            return read.count - committed_and_read.count
+
+        store = await self.open_store(tmp_path, self.backend_options(tmp_path, ""))
+        try:
+            async with store.watch("k/") as watch:
+                await store.put("k/0", b"")
+                await events_until(watch, "k/0")
+                before = reads_alone()
+                for i in range(1, 6):
+                    record = await store.put(f"k/{i}", b"v")
+                    event = await next_event(watch)
+                    assert (event.key, event.version) == (f"k/{i}", record.version)
+                assert reads_alone() == before, "the watch pump read the change log again"
+        finally:
+            await store.close()
+
+    @pytest.mark.asyncio
+    async def test_a_local_commit_brings_the_watchers_other_processes_changes_too(
+        self, tmp_path: Path
+    ) -> None:
+        options = self.backend_options(tmp_path, "")
+        # This store never polls nor listens: only its own commit can bring the other's change.
+        never = {"poll_interval": 3600, "listen_for_writes": False}
+        watching = await self.open_store(tmp_path, {**options, **never})
+        writing = await self.open_store(tmp_path, options)
+        try:
+            async with watching.watch("w/") as watch:
+                theirs = await writing.put("w/theirs", b"")
+                mine = await watching.put("w/mine", b"")
+                events = await events_until(watch, "w/mine")
+            assert [(e.key, e.version) for e in events] == [
+                ("w/theirs", theirs.version),
+                ("w/mine", mine.version),
+            ]
+        finally:
+            await watching.close()
+            await writing.close()
+
+    @pytest.mark.asyncio
     async def test_a_quiet_store_asks_for_changes_only_when_it_hears_a_write(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

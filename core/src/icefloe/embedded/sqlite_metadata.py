@@ -19,7 +19,11 @@ UTF-8 bytes with ``memcmp``: exactly the key order the port requires):
 Every write runs in a ``BEGIN IMMEDIATE`` transaction: it takes the database's write lock up
 front, so read-check-write sequences (compare-and-set, sequenced append) from several processes
 serialize instead of failing at commit. The connection lives on one worker thread per store so
-that the event loop never blocks on disk or on another process's lock.
+that the event loop never blocks on disk or on another process's lock. Writes queue while a
+group commits, and the next group takes them all in one transaction; while the store has
+watchers, the group's trip to the worker thread also reads the change log after it, so the
+watchers hear of every change committed so far (this process's and others') without a
+second trip.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import sqlite3
 import time
 import uuid
@@ -243,6 +248,19 @@ class _Database:
         self._conn.close()
 
     # --- transactions and the change log ----------------------------------------------------
+
+    def run_group_and_read_changes(
+        self, calls: list[Callable[[], Any]], after: int
+    ) -> tuple[list[tuple[bool, Any]], _ChangeBatch | None]:
+        """:meth:`run_group`, then the changes after ``after`` (:meth:`read_changes`), in one
+        trip to this thread. ``None`` for the changes if reading them failed: the group's
+        outcomes stand, and the watch pump reads them later."""
+        outcomes = self.run_group(calls)
+        try:
+            return outcomes, self.read_changes(after, _CHANGE_BATCH)
+        except sqlite3.Error as exc:
+            _log.warning("reading the changes after a group commit: %s", exc)
+            return outcomes, None
 
     def run_group(self, calls: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
         """Run write ``calls`` in one transaction: one commit (one fsync) for them all.
@@ -645,7 +663,10 @@ class SqliteMetadataStore(MetadataStore):
         self._heartbeats: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
-        """Set after every local commit and watcher registration; wakes the watch pump."""
+        """Set after a local change the watchers were not handed at once, and after a watcher
+        registers; wakes the watch pump."""
+        self._delivered_at = -math.inf
+        """When a group commit last handed the watchers every change (the loop's clock)."""
         self._heard = asyncio.Event()
         """Set when a write to the database's files is heard of; wakes a quiet watch pump."""
         self._file_writes = (
@@ -713,17 +734,25 @@ class SqliteMetadataStore(MetadataStore):
         self._queued.append((call, done))
         if self._committer is None:
             self._committer = self._spawn(self._commit_queued(), "group-commit")
-        result = await done
-        self._changed.set()
-        return result
+        return await done
 
     async def _commit_queued(self) -> None:
         group: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         try:
             while self._queued:
                 group, self._queued = self._queued, []
+                calls = [c for c, _ in group]
+                changes = None
                 try:
-                    outcomes = await self._submit(self._db.run_group, [c for c, _ in group])
+                    if self._watchers:
+                        # The watchers' changes come back with the commit: no second trip to
+                        # the worker thread, and no wake-up of the pump, per group.
+                        after = min(watch.cursor for watch in self._watchers)
+                        outcomes, changes = await self._submit(
+                            self._db.run_group_and_read_changes, calls, after
+                        )
+                    else:
+                        outcomes = await self._submit(self._db.run_group, calls)
                 except Exception as exc:  # noqa: BLE001 - every write of the group hears of it
                     outcomes = [(False, exc)] * len(group)
                 for (_, done), (succeeded, value) in zip(group, outcomes, strict=True):
@@ -733,6 +762,7 @@ class SqliteMetadataStore(MetadataStore):
                         done.set_result(value)
                     else:
                         done.set_exception(value)
+                self._feed(changes)  # once the writers have heard of their writes
         finally:
             self._committer = None
             for _, done in [*group, *self._queued]:
@@ -819,7 +849,8 @@ class SqliteMetadataStore(MetadataStore):
         self._watchers.discard(watch)
 
     async def _pump_forever(self) -> None:
-        """Feed the watchers: after local commits at once, other processes' by polling."""
+        """Feed the watchers what group commits did not hand them: other processes' changes
+        by polling, and whatever a commit could not read."""
         seen_version = -1  # data_version is never negative: the first poll always reads
         while True:
             if not self._watchers:
@@ -857,12 +888,38 @@ class SqliteMetadataStore(MetadataStore):
                 for wait in waits:
                     wait.cancel()
         else:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._options.poll_interval):
-                    await self._changed.wait()
+            await self._until_poll_due()
         woken = self._changed.is_set()
         self._changed.clear()
         return woken
+
+    async def _until_poll_due(self) -> None:
+        """Until the pump is woken (``_changed``), or a poll interval from now; later while
+        group commits keep handing the watchers every change (their reads bring other
+        processes' changes too): until an interval has passed since the last of them."""
+        loop = asyncio.get_running_loop()
+        interval = self._options.poll_interval
+        due = loop.time() + interval
+        while not self._changed.is_set():
+            remaining = max(due, self._delivered_at + interval) - loop.time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
+
+    def _feed(self, changes: _ChangeBatch | None) -> None:
+        """Hand ``changes``, read right after a local commit, to the watchers; the pump reads
+        what it did not bring them (all of it, when nothing was read)."""
+        if changes is not None:
+            for watch in list(self._watchers):
+                watch.take(changes)
+            if all(watch.cursor >= changes.head for watch in self._watchers):
+                # Every change, this process's and others', up to now is delivered: the pump
+                # need not ask about other processes' for another poll interval.
+                self._delivered_at = asyncio.get_running_loop().time()
+                return
+        self._changed.set()
 
     async def _deliver(self) -> None:
         while self._watchers:
