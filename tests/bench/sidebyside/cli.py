@@ -241,6 +241,7 @@ SHOWN = (
     "records",
     "seconds",
     "server_cpu_s",
+    "client_cpu_s",
     "server_peak_rss_mib",
 )
 

@@ -1,14 +1,16 @@
 """The workloads, each run by a client in a child process against a server's bootstrap address.
 
 Every workload returns a flat ``{measure: number}``; :func:`measured` adds the server's CPU
-seconds during the run and its peak RSS so far. A workload that fails, times out or prints
-something unparseable raises :class:`WorkloadError` with the raw output that explains it.
+seconds during the run, the client's, and the server's peak RSS so far. A workload that fails,
+times out or prints something unparseable raises :class:`WorkloadError` with the raw output
+that explains it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -53,17 +55,29 @@ class WorkloadError(RuntimeError):
 
 
 def measured(server: Server, run: Callable[[], Measures]) -> Measures:
-    """``run()``'s measures plus the wall time, server CPU seconds and peak RSS (MiB)."""
+    """``run()``'s measures plus the wall time, server and client CPU seconds and the server's
+    peak RSS (MiB). On two cores the client's CPU tells whether the machine, not the server,
+    set the pace: client and server together near twice the wall time."""
     roots = server.pids()
     cpu_before = server_cpu_seconds(roots)
     broker_cpu_before = broker_cpu_seconds(roots)
+    client_cpu_before = _children_cpu_seconds()
     started = time.monotonic()
     result = run()
     result["wall_s"] = time.monotonic() - started
     result["server_cpu_s"] = server_cpu_seconds(roots) - cpu_before
     result["broker_cpu_s"] = broker_cpu_seconds(roots) - broker_cpu_before
+    # The clients run as child processes that end within run(); the servers are children too,
+    # but still running, so none of theirs is counted.
+    result["client_cpu_s"] = _children_cpu_seconds() - client_cpu_before
     result["server_peak_rss_mib"] = server_peak_rss_mib(roots)
     return result
+
+
+def _children_cpu_seconds() -> float:
+    """User and system CPU seconds of this process's ended (and waited-for) children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_tool(command: list[str], timeout: float, name: str) -> str:
