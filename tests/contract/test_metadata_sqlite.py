@@ -203,6 +203,8 @@ class TestSqliteMetadataStore(MetadataStoreContract):
             async with store.watch("k/") as watch:
                 await store.put("k/0", b"")
                 await events_until(watch, "k/0")
+                # The pump reads once for a new watcher, and again at its first poll.
+                await asyncio.sleep(0.3)
                 before = reads_alone()
                 for i in range(1, 6):
                     record = await store.put(f"k/{i}", b"v")
