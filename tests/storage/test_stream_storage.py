@@ -12,12 +12,16 @@ from typing import Any
 import pytest
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
+from prometheus_client import REGISTRY
 
 from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import ConflictError, NotFoundError
+from icefloe.ports.metadata import EventKind
 from icefloe.storage import index_reader, keys, walformat
 from icefloe.storage.batch import ATTRIBUTES_AT, CRC_AT, BatchError, Compression, read_header
 from icefloe.storage.engine import StreamStorage
+from icefloe.storage.index import ParquetLocation
+from icefloe.storage.offset_index import NewPiece
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.storage.records import Record, build_batch
 from tests.support.storage import count_wal_reads, storage_config
@@ -415,6 +419,38 @@ async def test_the_log_start_hint_follows_retention_anywhere(
         return await storage.index.log_start_hint(stream) == 3
 
     await eventually(start_seen)
+
+
+async def test_a_swap_deletes_what_it_replaces_last_first_a_transaction_per_chunk(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    for _ in range(150):
+        await storage.append(stream, records(1))
+    entries = [entry async for entry in storage.offset_index.entries(stream)]
+    replaced = [keys.index_key(stream, e.end, e.cumulative_size) for e in entries]
+    assert len(replaced) == 150
+    piece = NewPiece(ParquetLocation("tables/s/data.parquet", 1, ((0, 149),)), 0, 150, 0, 0)
+    transactions, deletes = _metadata_ops("transact"), _metadata_ops("delete")
+
+    async with await storage.metadata.watch(keys.index_sequence(stream)) as watch:
+        assert await storage.offset_index.swap(replaced, [piece])
+        deleted: list[str] = []
+        while len(deleted) < len(replaced) - 1:
+            event = await asyncio.wait_for(watch.next_event(), 10)
+            assert event is not None
+            if event.kind is EventKind.DELETE and event.key is not None:
+                deleted.append(event.key)
+
+    assert deleted == replaced[-2::-1]  # the last entry first: no look-up meets a gap
+    assert _metadata_ops("transact") - transactions == 3  # 149 deletes, 64 a transaction
+    assert _metadata_ops("delete") == deletes
+    (swapped,) = [entry async for entry in storage.offset_index.entries(stream)]
+    assert (swapped.start, swapped.end, swapped.location) == (0, 150, piece.location)
+
+
+def _metadata_ops(op: str) -> float:
+    return REGISTRY.get_sample_value("icefloe_metadata_op_seconds_count", {"op": op}) or 0.0
 
 
 async def test_an_entry_stays_cached_after_the_notice_of_its_own_append(

@@ -48,7 +48,8 @@ Sessions
 
 Capabilities
     ``MULTI_KEY_TRANSACTION``: :meth:`MetadataStore.transact` applies checks and writes on
-    several keys atomically. Core works without it.
+    several keys atomically, up to ``TRANSACTION_WRITES`` writes at a time at the least. Core
+    works without it.
 
 Errors
     Adapters raise only :mod:`icefloe.errors` types; an unreachable server is
@@ -84,6 +85,9 @@ MAX_KEY_BYTES: Final = 1024
 MAX_VALUE_BYTES: Final = 1 << 20
 SCAN_PAGE: Final = 1000
 """Records :meth:`MetadataStore.scan_all` reads per request."""
+TRANSACTION_WRITES: Final = 64
+"""Writes an adapter with ``MULTI_KEY_TRANSACTION`` takes in one :meth:`MetadataStore.transact`
+at the least (etcd's default limit is 128 operations)."""
 SEQUENCE_COMPONENT_WIDTH: Final = 20
 
 

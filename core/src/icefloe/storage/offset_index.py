@@ -14,7 +14,8 @@ or a compacted Parquet file. Four operations change it, and each keeps these inv
   takes the key of the *last* entry it replaces (same end offset, same cumulative size), then
   the others are deleted from the last to the first, so that a look-up of any offset always
   finds an entry that holds it, before, during and after the swap (invariant 4: consumers read
-  the same records).
+  the same records). Where the store has multi-key transactions, the deletes go a chunk at a
+  time, each chunk in one transaction: one commit for many entries, in the same order.
 - **expire** (retention): entries leave from the front only, oldest first, and never the last
   one, which carries the log end offset (it never goes back).
 - **drop** (deleting a stream): every entry goes; the stream's WAL objects become orphans.
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from icefloe.errors import ConflictError
-from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
+from icefloe.ports.metadata import MUST_NOT_EXIST, TRANSACTION_WRITES, Delete, MetadataStore
 from icefloe.storage import index, keys
 from icefloe.storage.index import IndexEntry, Location, ParquetLocation, ProducerBatch
 from icefloe.storage.index_reader import IndexReader, decode_log_start, encode_log_start
@@ -130,10 +131,21 @@ class OffsetIndex:
                 log.warning("index entry %s changed during the swap; retrying later", last_key)
                 raise
         kept = {last_key, *piece_keys}
-        for key in reversed(replaced):  # last to first: no look-up ever sees a gap
-            if key not in kept:
-                await self._metadata.delete(key)
+        await self._delete_in_order([key for key in reversed(replaced) if key not in kept])
         return True
+
+    async def _delete_in_order(self, doomed: Sequence[str]) -> None:
+        """Delete the entries under ``doomed`` in that order (last to first: no look-up ever
+        sees a gap), a chunk per transaction where the store has them."""
+        if not self._metadata.supports(MetadataStore.MULTI_KEY_TRANSACTION):
+            for key in doomed:
+                await self._metadata.delete(key)
+            return
+        # One by one, each delete is a commit of its own, and the WAL writer's index appends
+        # queue behind them while compaction catches up.
+        for at in range(0, len(doomed), TRANSACTION_WRITES):
+            chunk = doomed[at : at + TRANSACTION_WRITES]
+            await self._metadata.transact([], [Delete(key) for key in chunk])
 
     async def expire(self, stream_id: int, entries: Sequence[IndexEntry]) -> int:
         """Remove ``entries``, which must be the first entries of the stream, oldest first;

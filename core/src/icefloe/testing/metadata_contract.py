@@ -51,6 +51,7 @@ from icefloe.ports.metadata import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
     MUST_NOT_EXIST,
+    TRANSACTION_WRITES,
     Check,
     Delete,
     EventKind,
@@ -1075,6 +1076,19 @@ class MetadataStoreContract(Contract):
         }
         assert after["t/a"].version > a.version
         await self.assert_stored(store, "t/c", None)
+
+    @pytest.mark.asyncio
+    async def test_transact_takes_as_many_writes_as_the_port_promises(
+        self, transactional: MetadataStore
+    ) -> None:
+        store = transactional
+        names = [f"t/{n:03d}" for n in range(TRANSACTION_WRITES)]
+        for name in names:
+            await store.put(name, b"old")
+        await store.transact([], [Delete(name) for name in names])
+        assert await keys_of(store) == []
+        await store.transact([], [Put(name, b"new") for name in names])
+        assert [record.value for record in await store.scan("t/", "t0")] == [b"new"] * len(names)
 
     @pytest.mark.asyncio
     async def test_transact_with_a_failing_check_writes_nothing(
