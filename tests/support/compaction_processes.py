@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from icefloe.compaction.committer import TaskRecord
 from icefloe.compaction.local_engine import LocalCompactionEngine
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config
+from icefloe.ports.metadata import Delete
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.keys import is_index_key
 from icefloe.topics.registry import TopicRegistry
@@ -66,6 +68,14 @@ def compact_and_crash(config: Config, crash_at: str, work: str = "compact") -> N
                 return await delete(key, **kwargs)
 
             storage.metadata.delete = delete_or_die  # type: ignore[method-assign]
+            transact = storage.metadata.transact
+
+            async def transact_or_die(checks: Any, writes: Sequence[Any]) -> None:
+                if any(isinstance(w, Delete) and is_index_key(w.key) for w in writes):
+                    _die()  # a swap's deletes go a chunk per transaction where the store can
+                await transact(checks, writes)
+
+            storage.metadata.transact = transact_or_die  # type: ignore[method-assign]
         if work == "rewrite":
             while await compactor.rewrite_once() is not None:
                 pass
