@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import ConflictError, NotFoundError
 from icefloe.ports.metadata import EventKind
-from icefloe.storage import index_reader, keys, walformat
+from icefloe.storage import index, index_reader, keys, walformat
 from icefloe.storage.batch import ATTRIBUTES_AT, CRC_AT, BatchError, Compression, read_header
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
@@ -447,6 +447,19 @@ async def test_a_swap_deletes_what_it_replaces_last_first_a_transaction_per_chun
     assert _metadata_ops("delete") == deletes
     (swapped,) = [entry async for entry in storage.offset_index.entries(stream)]
     assert (swapped.start, swapped.end, swapped.location) == (0, 150, piece.location)
+
+
+async def test_the_entry_an_append_keeps_in_memory_is_the_one_the_store_holds(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    await storage.append(stream, records(3))
+    await storage.append(stream, records(2, tag="later"))
+    kept = [entry async for entry in storage.offset_index.entries(stream)]
+    prefix = keys.index_sequence(stream)
+    stored = await storage.metadata.scan(prefix, prefix + "\xff")
+    assert kept == [index.decode(r.key, r.value) for r in stored]
+    assert [(e.start, e.end) for e in kept] == [(0, 3), (3, 5)]
 
 
 def _metadata_ops(op: str) -> float:

@@ -235,6 +235,10 @@ class IndexReader:
         """
         return self._ends.get(stream_id)
 
+    def cached_log_start(self, stream_id: int) -> int | None:
+        """What :meth:`log_start_hint` would answer without reading the store, or ``None``."""
+        return self._starts.get(stream_id)
+
     async def log_start_hint(self, stream_id: int) -> int:
         """The log start as last read from the store; read again only after a notification
         says an entry of the stream was removed. For answers that report it, as above."""

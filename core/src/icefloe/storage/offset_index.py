@@ -84,7 +84,20 @@ class OffsetIndex:
         record = await self._metadata.append_sequence(
             keys.index_sequence(stream_id), value, (record_count, size)
         )
-        entry = index.decode(record.key, record.value)
+        # The entry as decode(record) would give it, without decoding what was just encoded.
+        _, end, cumulative_size = keys.parse_index_key(record.key)
+        entry = IndexEntry(
+            stream_id=stream_id,
+            end=end,
+            cumulative_size=cumulative_size,
+            record_count=record_count,
+            location=location,
+            min_timestamp=min_timestamp,
+            max_timestamp=max_timestamp,
+            created_ms=created_ms,
+            batches=batches,
+            producers=producers,
+        )
         self._reader.remember(entry, record.version)
         return entry
 

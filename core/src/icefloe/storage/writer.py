@@ -224,16 +224,19 @@ class WalWriter:
             self._quiet_timer = loop.call_later(self._quiet - waited, self._seal_if_quiet)
 
     async def _reserve(self, size: int) -> None:
+        if self._has_room_for(size):  # the common case, without taking the condition's lock
+            self._outstanding += size
+            return
         async with self._space:
             # An append larger than the whole budget still goes through when nothing else is
             # outstanding; otherwise it could never be written.
-            await self._space.wait_for(
-                lambda: (
-                    self._outstanding == 0
-                    or self._outstanding + size <= self._options.max_buffered_bytes
-                )
-            )
+            await self._space.wait_for(lambda: self._has_room_for(size))
             self._outstanding += size
+
+    def _has_room_for(self, size: int) -> bool:
+        return (
+            self._outstanding == 0 or self._outstanding + size <= self._options.max_buffered_bytes
+        )
 
     async def _release(self, size: int) -> None:
         async with self._space:

@@ -93,7 +93,21 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any | NoResponse:
     targets = await _submit_all(ctx, request)
     if request.acks == 0:
         return NO_RESPONSE
-    await asyncio.gather(*(_complete(ctx, t) for t in targets))
+    # The commits go on without waiters: awaiting them one after the other answers as soon as
+    # gathering them would, without a task per partition.
+    for target in targets:
+        await _committed(target)
+    index = ctx.broker.storage.index
+    unknown = []
+    for target in targets:
+        if target.stream_id is not None:
+            start = index.cached_log_start(target.stream_id)
+            if start is None:
+                unknown.append(target)
+            else:
+                target.log_start = start
+    if unknown:  # after a stream's first entries changed: read from the store together
+        await asyncio.gather(*(_read_log_start(ctx, t) for t in unknown))
     return _response(ctx, request, targets)
 
 
@@ -224,7 +238,7 @@ async def _submit(
                 target.record_errors = exc.record_errors
 
 
-async def _complete(ctx: RequestContext, target: _Partition) -> None:
+async def _committed(target: _Partition) -> None:
     """Wait for the partition's commit; a failure becomes the partition's error."""
     if target.pending is not None:
         try:
@@ -232,10 +246,13 @@ async def _complete(ctx: RequestContext, target: _Partition) -> None:
             metrics.BYTES_IN.labels(target.topic).inc(target.size)
         except IcefloeError as exc:
             target.fail(*_write_error(exc))
-    if target.stream_id is not None:
-        # Informative only: the answer stands without it if the store cannot say.
-        with contextlib.suppress(IcefloeError):
-            target.log_start = await ctx.broker.storage.index.log_start_hint(target.stream_id)
+
+
+async def _read_log_start(ctx: RequestContext, target: _Partition) -> None:
+    assert target.stream_id is not None
+    # Informative only: the answer stands without it if the store cannot say.
+    with contextlib.suppress(IcefloeError):
+        target.log_start = await ctx.broker.storage.index.log_start_hint(target.stream_id)
 
 
 def _response(ctx: RequestContext, request: Any, targets: list[_Partition]) -> Any:
