@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from icefloe.embedded import sqlite_metadata
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
-from icefloe.errors import AlreadyExistsError, UnavailableError
+from icefloe.errors import AlreadyExistsError, ClosedError, UnavailableError
 from icefloe.ports.metadata import MUST_NOT_EXIST, RESET, EventKind, MetadataStore
 from icefloe.testing.metadata_contract import (
     MetadataStoreContract,
@@ -46,6 +47,23 @@ class TestSqliteMetadataStore(MetadataStoreContract):
         finally:
             await store.close()
         assert read_value(data_dir / "metadata.db", "key") == b"v"
+
+    @pytest.mark.asyncio
+    async def test_operations_are_timed_and_failures_but_not_conflicts_counted(
+        self, tmp_path: Path
+    ) -> None:
+        store = await self.open_store(tmp_path, self.backend_options(tmp_path, ""))
+        before = {name: _op_metric(name, "put") for name in ("seconds_count", "failures_total")}
+        try:
+            await store.put("k", b"v")
+            with pytest.raises(AlreadyExistsError):
+                await store.put("k", b"w", expected_version=MUST_NOT_EXIST)
+        finally:
+            await store.close()
+        with pytest.raises(ClosedError):
+            await store.put("k", b"x")
+        assert _op_metric("seconds_count", "put") - before["seconds_count"] == 3
+        assert _op_metric("failures_total", "put") - before["failures_total"] == 1  # the closed
 
     @pytest.mark.asyncio
     async def test_unknown_option_is_rejected(self, tmp_path: Path) -> None:
@@ -328,3 +346,8 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, method: str) -> CallCount:
 
     monkeypatch.setattr(sqlite_metadata._Database, method, counting)
     return counted
+
+
+def _op_metric(name: str, op: str) -> float:
+    value = REGISTRY.get_sample_value(f"icefloe_metadata_op_{name}", {"op": op})
+    return value or 0.0

@@ -68,7 +68,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Self
 
@@ -108,18 +108,26 @@ _SECONDS: Final = {op: metrics.METADATA_SECONDS.labels(op) for op in _OPS}
 _FAILURES: Final = {op: metrics.METADATA_FAILURES.labels(op) for op in _OPS}
 
 
-@contextlib.contextmanager
-def _measured(op: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    except ConflictError:
-        raise  # the store answered: the condition did not hold
-    except Exception:
-        _FAILURES[op].inc()
-        raise
-    finally:
-        _SECONDS[op].observe(time.perf_counter() - started)
+class _Measured:
+    """``with _Measured(op):`` times a store operation and counts it if it fails. A class, not
+    a generator-based context manager: every index append and look-up goes through one."""
+
+    __slots__ = ("_op", "_started")
+
+    def __init__(self, op: str) -> None:
+        self._op = op
+        self._started = time.perf_counter()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        # A conflict is an answer (the condition did not hold), not a failure of the store.
+        if isinstance(exc, Exception) and not isinstance(exc, ConflictError):
+            _FAILURES[self._op].inc()
+        _SECONDS[self._op].observe(time.perf_counter() - self._started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +295,7 @@ class MetadataStore(Port):
     async def get(self, key: str) -> Record | None:
         """The record at ``key``, or ``None``."""
         validate_key(key)
-        with _measured("get"):
+        with _Measured("get"):
             return await self._get(key)
 
     async def put(
@@ -314,7 +322,7 @@ class MetadataStore(Port):
         validate_key(key)
         _validate_value(value)
         _validate_expected(expected_version)
-        with _measured("put"):
+        with _Measured("put"):
             return await self._put(key, value, expected_version, session)
 
     async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
@@ -328,14 +336,14 @@ class MetadataStore(Port):
         _validate_expected(expected_version)
         if expected_version == MUST_NOT_EXIST:
             raise ValueError("delete with expected_version=MUST_NOT_EXIST makes no sense")
-        with _measured("delete"):
+        with _Measured("delete"):
             return await self._delete(key, expected_version)
 
     async def delete_range(self, start: str, end: str) -> None:
         """Delete every key with ``start <= key < end`` (not atomic across shards)."""
         validate_key(start)
         validate_key(end)
-        with _measured("delete_range"):
+        with _Measured("delete_range"):
             await self._delete_range(start, end)
 
     async def scan(self, start: str, end: str, *, limit: int | None = None) -> list[Record]:
@@ -346,7 +354,7 @@ class MetadataStore(Port):
             raise ValueError(f"limit must be positive, got {limit}")
         if start >= end:
             return []
-        with _measured("scan"):
+        with _Measured("scan"):
             return await self._scan(start, end, limit)
 
     async def scan_all(
@@ -365,13 +373,13 @@ class MetadataStore(Port):
     async def floor(self, key: str) -> Record | None:
         """The record with the greatest key ``<= key``."""
         validate_key(key)
-        with _measured("floor"):
+        with _Measured("floor"):
             return await self._floor(key)
 
     async def ceiling(self, key: str) -> Record | None:
         """The record with the least key ``>= key``."""
         validate_key(key)
-        with _measured("ceiling"):
+        with _Measured("ceiling"):
             return await self._ceiling(key)
 
     async def append_sequence(self, prefix: str, value: bytes, deltas: Sequence[int]) -> Record:
@@ -383,7 +391,7 @@ class MetadataStore(Port):
             raise ValueError(
                 f"sequence deltas must be one positive delta then non-negative ones, got {deltas}"
             )
-        with _measured("append_sequence"):
+        with _Measured("append_sequence"):
             return await self._append_sequence(prefix, value, deltas)
 
     def watch(self, prefix: str = "") -> _WatchOpener:
@@ -400,7 +408,7 @@ class MetadataStore(Port):
         """Start a session whose ephemeral keys vanish ``ttl`` seconds after its holder dies."""
         if not 0.1 <= ttl <= 3600:
             raise ConfigError(f"session ttl must be between 0.1 and 3600 seconds, got {ttl}")
-        with _measured("open_session"):
+        with _Measured("open_session"):
             return await self._open_session(ttl)
 
     async def transact(self, checks: Sequence[Check], writes: Sequence[Put | Delete]) -> None:
@@ -418,7 +426,7 @@ class MetadataStore(Port):
             validate_key(write.key)
             if isinstance(write, Put):
                 _validate_value(write.value)
-        with _measured("transact"):
+        with _Measured("transact"):
             await self._transact(list(checks), list(writes))
 
     # --- adapter primitives -------------------------------------------------------------------
