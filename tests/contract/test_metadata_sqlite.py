@@ -17,7 +17,14 @@ from pydantic import ValidationError
 from icefloe.embedded import sqlite_metadata
 from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
 from icefloe.errors import AlreadyExistsError, ClosedError, UnavailableError
-from icefloe.ports.metadata import MUST_NOT_EXIST, RESET, EventKind, MetadataStore
+from icefloe.ports.metadata import (
+    MUST_NOT_EXIST,
+    RESET,
+    EventKind,
+    MetadataStore,
+    Record,
+    SequenceAppend,
+)
 from icefloe.testing.metadata_contract import (
     MetadataStoreContract,
     events_until,
@@ -64,6 +71,31 @@ class TestSqliteMetadataStore(MetadataStoreContract):
             await store.put("k", b"x")
         assert _op_metric("seconds_count", "put") - before["seconds_count"] == 3
         assert _op_metric("failures_total", "put") - before["failures_total"] == 1  # the closed
+
+    @pytest.mark.asyncio
+    async def test_appends_made_together_share_a_commit_and_one_failing_leaves_the_others(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = await self.open_store(tmp_path, self.backend_options(tmp_path, ""))
+        try:
+            await store.append_sequence("two", b"", [1, 1])
+            groups = count_calls(monkeypatch, "run_group")
+            outcomes = await store.append_sequences(
+                [
+                    SequenceAppend("one", b"a", (1,)),
+                    SequenceAppend("two", b"wrong", (1,)),  # the sequence has two components
+                    SequenceAppend("one", b"b", (1,)),
+                ]
+            )
+            assert groups.count == 1
+            first, failed, second = outcomes
+            assert isinstance(failed, ValueError)
+            assert isinstance(first, Record)
+            assert isinstance(second, Record)
+            assert [r.key for r in await store.scan("one", "one~")] == [first.key, second.key]
+            assert len(await store.scan("two", "two~")) == 1
+        finally:
+            await store.close()
 
     @pytest.mark.asyncio
     async def test_unknown_option_is_rejected(self, tmp_path: Path) -> None:

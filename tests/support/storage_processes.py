@@ -61,7 +61,7 @@ def append_then_die_before_commit(data_dir: str, stream: int, **storage: Any) ->
         async def killed(*args: object, **kwargs: object) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
-        engine.metadata.append_sequence = killed  # type: ignore[method-assign]
+        engine.metadata.append_sequences = killed  # type: ignore[method-assign]
         await engine.append(stream, tagged_records("lost", 3))
 
     asyncio.run(main())

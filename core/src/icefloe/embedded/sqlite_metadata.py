@@ -64,6 +64,7 @@ from icefloe.ports.metadata import (
     MetadataStore,
     Put,
     Record,
+    SequenceAppend,
     Session,
     Watch,
     WatchEvent,
@@ -726,6 +727,12 @@ class SqliteMetadataStore(MetadataStore):
         return await self._submit(fn, *args, **kwargs)
 
     async def _write(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return await self._queue_write(fn, *args, **kwargs)
+
+    def _queue_write(
+        self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> asyncio.Future[_T]:
+        """Queue a write for the next group commit; its outcome comes through the future."""
         # Writes queue while a group commits, and the next group takes them all: under load
         # many writes share one fsync, and an idle store still commits a write at once.
         self._check_open()
@@ -734,7 +741,7 @@ class SqliteMetadataStore(MetadataStore):
         self._queued.append((call, done))
         if self._committer is None:
             self._committer = self._spawn(self._commit_queued(), "group-commit")
-        return await done
+        return done
 
     async def _commit_queued(self) -> None:
         group: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
@@ -827,6 +834,24 @@ class SqliteMetadataStore(MetadataStore):
 
     async def _append_sequence(self, prefix: str, value: bytes, deltas: tuple[int, ...]) -> Record:
         return await self._write(self._db.append_sequence, prefix, value, deltas)
+
+    async def _append_sequences(
+        self, appends: list[SequenceAppend]
+    ) -> list[Record | BaseException]:
+        # Queued together, so they go in one group commit, each in its own savepoint.
+        pending = [
+            self._queue_write(self._db.append_sequence, a.prefix, a.value, a.deltas)
+            for a in appends
+        ]
+        if not pending:
+            return []
+        try:
+            await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            for write in pending:  # as awaiting one write alone would: nobody waits for them
+                write.cancel()
+            raise
+        return [write.exception() or write.result() for write in pending]
 
     async def _transact(self, checks: list[Check], writes: list[Put | Delete]) -> None:
         await self._write(self._db.transact, checks, writes)

@@ -29,7 +29,9 @@ Sequenced append
     number of processes yield a gapless, duplicate-free sequence. This is Oxia's sequence-key
     format; other adapters reproduce it. Every append to one sequence passes the same number
     of deltas (a different number is a ``ValueError`` where the adapter can tell), and callers
-    keep no other keys starting with ``prefix-``.
+    keep no other keys starting with ``prefix-``. ``append_sequences`` makes several such
+    appends at once, each standing on its own (one may fail while the others land); an adapter
+    may commit them together.
 
 Notifications
     ``watch(prefix)`` yields a :class:`WatchEvent` for every later change to a key starting with
@@ -128,6 +130,15 @@ class _Measured:
         if isinstance(exc, Exception) and not isinstance(exc, ConflictError):
             _FAILURES[self._op].inc()
         _SECONDS[self._op].observe(time.perf_counter() - self._started)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceAppend:
+    """One append of :meth:`MetadataStore.append_sequences`."""
+
+    prefix: str
+    value: bytes
+    deltas: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +281,18 @@ def _validate_value(value: bytes) -> None:
         raise ValueError(f"metadata value of {len(value)} bytes exceeds {MAX_VALUE_BYTES}")
 
 
+def _validated_append(prefix: str, value: bytes, deltas: Sequence[int]) -> tuple[int, ...]:
+    """The deltas of a valid sequence append, as a tuple."""
+    validate_key(prefix)
+    _validate_value(value)
+    deltas = tuple(deltas)
+    if not deltas or deltas[0] <= 0 or any(d < 0 for d in deltas[1:]):
+        raise ValueError(
+            f"sequence deltas must be one positive delta then non-negative ones, got {deltas}"
+        )
+    return deltas
+
+
 def _validate_expected(expected_version: int | None) -> None:
     if expected_version is not None and (
         not isinstance(expected_version, int)
@@ -384,15 +407,32 @@ class MetadataStore(Port):
 
     async def append_sequence(self, prefix: str, value: bytes, deltas: Sequence[int]) -> Record:
         """Append ``value`` under the next key of sequence ``prefix``; see the module contract."""
-        validate_key(prefix)
-        _validate_value(value)
-        deltas = tuple(deltas)
-        if not deltas or deltas[0] <= 0 or any(d < 0 for d in deltas[1:]):
-            raise ValueError(
-                f"sequence deltas must be one positive delta then non-negative ones, got {deltas}"
-            )
+        deltas = _validated_append(prefix, value, deltas)
         with _Measured("append_sequence"):
             return await self._append_sequence(prefix, value, deltas)
+
+    async def append_sequences(
+        self, appends: Sequence[SequenceAppend]
+    ) -> list[Record | BaseException]:
+        """Make several :meth:`append_sequence` calls at once. Each stands on its own: the
+        outcome of each, in order, is its record or the exception it raised.
+
+        Raises:
+            ValueError: an append is malformed (nothing was appended).
+        """
+        appends = [
+            SequenceAppend(a.prefix, a.value, _validated_append(a.prefix, a.value, a.deltas))
+            for a in appends
+        ]
+        started = time.perf_counter()
+        outcomes = await self._append_sequences(appends)
+        # Measured as the appends they are: each took as long as the lot.
+        elapsed = time.perf_counter() - started
+        for outcome in outcomes:
+            if isinstance(outcome, Exception) and not isinstance(outcome, ConflictError):
+                _FAILURES["append_sequence"].inc()
+            _SECONDS["append_sequence"].observe(elapsed)
+        return outcomes
 
     def watch(self, prefix: str = "") -> _WatchOpener:
         """Watch changes to keys starting with ``prefix``.
@@ -458,6 +498,16 @@ class MetadataStore(Port):
     async def _append_sequence(
         self, prefix: str, value: bytes, deltas: tuple[int, ...]
     ) -> Record: ...
+
+    async def _append_sequences(
+        self, appends: list[SequenceAppend]
+    ) -> list[Record | BaseException]:
+        """By default the appends run side by side; an adapter that can commit several at once
+        overrides this."""
+        return await asyncio.gather(
+            *(self._append_sequence(a.prefix, a.value, a.deltas) for a in appends),
+            return_exceptions=True,
+        )
 
     @abc.abstractmethod
     async def _watch(self, prefix: str) -> Watch: ...

@@ -37,7 +37,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from icefloe.errors import ConflictError
-from icefloe.ports.metadata import MUST_NOT_EXIST, TRANSACTION_WRITES, Delete, MetadataStore
+from icefloe.ports.metadata import (
+    MUST_NOT_EXIST,
+    TRANSACTION_WRITES,
+    Delete,
+    MetadataStore,
+    SequenceAppend,
+)
 from icefloe.storage import index, keys
 from icefloe.storage.index import IndexEntry, Location, ParquetLocation, ProducerBatch
 from icefloe.storage.index_reader import IndexReader, decode_log_start, encode_log_start
@@ -56,50 +62,30 @@ class OffsetIndex:
         self._metadata = metadata
         self._reader = reader
 
-    async def append(
-        self,
-        stream_id: int,
-        *,
-        record_count: int,
-        size: int,
-        location: Location,
-        min_timestamp: int,
-        max_timestamp: int,
-        created_ms: int,
-        batches: tuple[index.BatchRef, ...],
-        producers: tuple[ProducerBatch, ...],
-    ) -> IndexEntry:
-        """Append the entry of ``record_count`` new records stored in ``size`` bytes at
-        ``location``; the store gives it the next offsets. Call only once the bytes are
-        durable."""
-        value = index.encode_value(
-            record_count=record_count,
-            location=location,
-            min_timestamp=min_timestamp,
-            max_timestamp=max_timestamp,
-            created_ms=created_ms,
-            batches=batches,
-            producers=producers,
+    async def append(self, chunks: Sequence[NewEntry]) -> list[IndexEntry | BaseException]:
+        """Append an entry for each chunk to its stream's index, the store giving it the next
+        offsets; call only once the chunks' bytes are durable. The appends go to the store
+        together (one commit where it can), and each stands alone: the outcome of each, in
+        order, is its entry or the exception that kept it out."""
+        outcomes = await self._metadata.append_sequences(
+            [
+                SequenceAppend(
+                    keys.index_sequence(chunk.stream_id),
+                    chunk.encode(),
+                    (chunk.record_count, chunk.size),
+                )
+                for chunk in chunks
+            ]
         )
-        record = await self._metadata.append_sequence(
-            keys.index_sequence(stream_id), value, (record_count, size)
-        )
-        # The entry as decode(record) would give it, without decoding what was just encoded.
-        _, end, cumulative_size = keys.parse_index_key(record.key)
-        entry = IndexEntry(
-            stream_id=stream_id,
-            end=end,
-            cumulative_size=cumulative_size,
-            record_count=record_count,
-            location=location,
-            min_timestamp=min_timestamp,
-            max_timestamp=max_timestamp,
-            created_ms=created_ms,
-            batches=batches,
-            producers=producers,
-        )
-        self._reader.remember(entry, record.version)
-        return entry
+        entries: list[IndexEntry | BaseException] = []
+        for chunk, outcome in zip(chunks, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                entries.append(outcome)
+                continue
+            entry = chunk.entry(outcome.key)
+            self._reader.remember(entry, outcome.version)
+            entries.append(entry)
+        return entries
 
     async def swap(self, replaced: Sequence[str], pieces: Sequence[NewPiece]) -> bool:
         """Replace the consecutive entries under the keys ``replaced`` (in offset order) by
@@ -216,6 +202,50 @@ class OffsetIndex:
             if record is not None:
                 entries.append(index.decode(record.key, record.value))
         return entries
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """A durable chunk of a stream, for :meth:`OffsetIndex.append`."""
+
+    stream_id: int
+    record_count: int
+    size: int
+    """Bytes the chunk holds (the second component of its index key)."""
+    location: Location
+    min_timestamp: int
+    max_timestamp: int
+    created_ms: int
+    batches: tuple[index.BatchRef, ...]
+    producers: tuple[ProducerBatch, ...]
+
+    def encode(self) -> bytes:
+        return index.encode_value(
+            record_count=self.record_count,
+            location=self.location,
+            min_timestamp=self.min_timestamp,
+            max_timestamp=self.max_timestamp,
+            created_ms=self.created_ms,
+            batches=self.batches,
+            producers=self.producers,
+        )
+
+    def entry(self, key: str) -> IndexEntry:
+        """The entry as ``index.decode`` would give it from ``key`` and the value written, built
+        without decoding what was just encoded."""
+        _, end, cumulative_size = keys.parse_index_key(key)
+        return IndexEntry(
+            stream_id=self.stream_id,
+            end=end,
+            cumulative_size=cumulative_size,
+            record_count=self.record_count,
+            location=self.location,
+            min_timestamp=self.min_timestamp,
+            max_timestamp=self.max_timestamp,
+            created_ms=self.created_ms,
+            batches=self.batches,
+            producers=self.producers,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from icefloe.ports.wal import WAL
 from icefloe.storage import walformat
 from icefloe.storage.index import BatchRef, IndexEntry, ProducerBatch, WalLocation
 from icefloe.storage.locks import KeyedLocks
-from icefloe.storage.offset_index import OffsetIndex
+from icefloe.storage.offset_index import NewEntry, OffsetIndex
 from icefloe.storage.producers import Claim, Duplicate, ProducerStates
 from icefloe.storage.recent import RecentWalObjects
 
@@ -321,15 +321,27 @@ class WalWriter:
 
     async def _commit(self, sealed: _Sealed) -> bool:
         """Commit each stream's index entry and answer its appends; whether all committed."""
-        results = await asyncio.gather(
-            *(
-                self._commit_chunk(sealed, placement, sealed.by_stream[placement.entry.stream_id])
-                for placement in sealed.placements
-            ),
-            return_exceptions=True,
-        )
+        now = time.time()
+        results: dict[int, IndexEntry | BaseException] = {}  # by stream: one chunk each
+        due = []
+        for placement in sealed.placements:
+            stream_id = placement.entry.stream_id
+            if self._too_late(sealed, sealed.by_stream[stream_id], now):
+                results[stream_id] = CommitDeadlineExceeded(
+                    f"WAL object {sealed.ref} was not committed within "
+                    f"{self._options.commit_deadline_s}s (storage.commit_deadline_s); retry"
+                )
+            else:
+                due.append(self._new_entry(sealed, placement, now))
+        appended: list[IndexEntry | BaseException]
+        try:
+            appended = await self._offsets.append(due)
+        except Exception as exc:  # noqa: BLE001 - the store refused them all (it closed)
+            appended = [exc] * len(due)
+        results.update(zip((chunk.stream_id for chunk in due), appended, strict=True))
         failed = False
-        for placement, result in zip(sealed.placements, results, strict=True):
+        for placement in sealed.placements:
+            result = results[placement.entry.stream_id]
             appends = sealed.by_stream[placement.entry.stream_id]
             if isinstance(result, BaseException):
                 failed = True
@@ -346,20 +358,18 @@ class WalWriter:
             metrics.WAL_FLUSH_FAILURES.inc()
         return not failed
 
-    async def _commit_chunk(
-        self, sealed: _Sealed, chunk: walformat.EncodedChunk, appends: list[_Append]
-    ) -> IndexEntry:
-        now = time.time()
-        if now - sealed.created > self._options.commit_deadline_s or any(
+    def _too_late(self, sealed: _Sealed, appends: list[_Append], now: float) -> bool:
+        """Whether the chunk may no longer be committed: the object waited too long, or an
+        idempotent batch's producer lease may have passed to another process."""
+        return now - sealed.created > self._options.commit_deadline_s or any(
             p.claim is not None and now > self._producers.deadline_of(p.claim) for p in appends
-        ):
-            raise CommitDeadlineExceeded(
-                f"WAL object {sealed.ref} was not committed within "
-                f"{self._options.commit_deadline_s}s (storage.commit_deadline_s); retry"
-            )
+        )
+
+    @staticmethod
+    def _new_entry(sealed: _Sealed, chunk: walformat.EncodedChunk, now: float) -> NewEntry:
         placement = chunk.entry
-        return await self._offsets.append(
-            placement.stream_id,
+        return NewEntry(
+            stream_id=placement.stream_id,
             record_count=placement.record_count,
             size=placement.length,
             location=WalLocation(sealed.ref, placement.position, placement.length),
@@ -370,7 +380,7 @@ class WalWriter:
                 BatchRef(b.offset_delta, b.position, b.length, b.record_count, b.max_timestamp)
                 for b in chunk.batches
             ),
-            producers=_producer_batches(appends),
+            producers=_producer_batches(sealed.by_stream[placement.stream_id]),
         )
 
     def _fail(self, appends: Sequence[_Append], exc: BaseException) -> None:

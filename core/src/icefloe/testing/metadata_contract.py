@@ -58,6 +58,7 @@ from icefloe.ports.metadata import (
     MetadataStore,
     Put,
     Record,
+    SequenceAppend,
     Watch,
     WatchEvent,
     sequence_components,
@@ -849,6 +850,52 @@ class MetadataStoreContract(Contract):
         await store.delete(records[-1].key)
         record = await store.append_sequence("seq", b"", [1])
         assert sequence_components("seq", record.key) == (3,)
+
+    @pytest.mark.asyncio
+    async def test_appends_made_together_land_as_if_made_one_after_the_other(
+        self, store: MetadataStore
+    ) -> None:
+        await store.append_sequence("streams/1/index", b"before", [2, 10])
+        appends = [
+            SequenceAppend("streams/1/index", b"a", (3, 30)),
+            SequenceAppend("streams/2/index", b"b", (1, 5)),
+            SequenceAppend("streams/1/index", b"c", (1, 0)),
+        ]
+        outcomes = await store.append_sequences(appends)
+        records = [o for o in outcomes if isinstance(o, Record)]
+        assert len(records) == 3, outcomes
+        assert [
+            (sequence_components(a.prefix, r.key), r.value)
+            for a, r in zip(appends, records, strict=True)
+        ] == [((5, 40), b"a"), ((1, 5), b"b"), ((6, 40), b"c")]
+        for record in records:
+            assert await store.get(record.key) == record
+        assert await store.append_sequences([]) == []
+
+    @pytest.mark.asyncio
+    async def test_appends_made_together_concurrently_stay_gapless_and_unique(
+        self, store: MetadataStore
+    ) -> None:
+        async def batch(tag: int) -> list[Record | BaseException]:
+            return await store.append_sequences(
+                [SequenceAppend("seq", f"{tag}/{i}".encode(), (1,)) for i in range(5)]
+            )
+
+        outcomes = [o for b in await asyncio.gather(*(batch(t) for t in range(4))) for o in b]
+        records = [o for o in outcomes if isinstance(o, Record)]
+        assert len(records) == 20, outcomes
+        components = sorted(sequence_components("seq", r.key) for r in records)
+        assert components == [(n,) for n in range(1, 21)]
+
+    @pytest.mark.asyncio
+    async def test_a_malformed_append_among_several_appends_none(
+        self, store: MetadataStore
+    ) -> None:
+        with pytest.raises(ValueError, match="deltas"):
+            await store.append_sequences(
+                [SequenceAppend("seq", b"ok", (1,)), SequenceAppend("seq", b"bad", (0,))]
+            )
+        assert await keys_of(store) == []
 
     @pytest.mark.asyncio
     async def test_concurrent_appends_from_two_processes_are_gapless_and_unique(
