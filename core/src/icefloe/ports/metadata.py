@@ -126,10 +126,15 @@ class _Measured:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        # A conflict is an answer (the condition did not hold), not a failure of the store.
-        if isinstance(exc, Exception) and not isinstance(exc, ConflictError):
-            _FAILURES[self._op].inc()
-        _SECONDS[self._op].observe(time.perf_counter() - self._started)
+        _observe(self._op, time.perf_counter() - self._started, exc)
+
+
+def _observe(op: str, seconds: float, outcome: object) -> None:
+    """Count one call of ``op`` that took ``seconds``, and its failure if ``outcome`` is one."""
+    # A conflict is an answer (the condition did not hold), not a failure of the store.
+    if isinstance(outcome, Exception) and not isinstance(outcome, ConflictError):
+        _FAILURES[op].inc()
+    _SECONDS[op].observe(seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,9 +434,7 @@ class MetadataStore(Port):
         # Measured as the appends they are: each took as long as the lot.
         elapsed = time.perf_counter() - started
         for outcome in outcomes:
-            if isinstance(outcome, Exception) and not isinstance(outcome, ConflictError):
-                _FAILURES["append_sequence"].inc()
-            _SECONDS["append_sequence"].observe(elapsed)
+            _observe("append_sequence", elapsed, outcome)
         return outcomes
 
     def watch(self, prefix: str = "") -> _WatchOpener:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from icefloe.errors import ConflictError
 from icefloe.ports.metadata import (
@@ -220,15 +220,7 @@ class NewEntry:
     producers: tuple[ProducerBatch, ...]
 
     def encode(self) -> bytes:
-        return index.encode_value(
-            record_count=self.record_count,
-            location=self.location,
-            min_timestamp=self.min_timestamp,
-            max_timestamp=self.max_timestamp,
-            created_ms=self.created_ms,
-            batches=self.batches,
-            producers=self.producers,
-        )
+        return index.encode_value(**self._value_fields())
 
     def entry(self, key: str) -> IndexEntry:
         """The entry as ``index.decode`` would give it from ``key`` and the value written, built
@@ -238,14 +230,20 @@ class NewEntry:
             stream_id=self.stream_id,
             end=end,
             cumulative_size=cumulative_size,
-            record_count=self.record_count,
-            location=self.location,
-            min_timestamp=self.min_timestamp,
-            max_timestamp=self.max_timestamp,
-            created_ms=self.created_ms,
-            batches=self.batches,
-            producers=self.producers,
+            **self._value_fields(),
         )
+
+    def _value_fields(self) -> dict[str, Any]:
+        """What the index value holds: the entry's fields but those its key carries."""
+        return {
+            "record_count": self.record_count,
+            "location": self.location,
+            "min_timestamp": self.min_timestamp,
+            "max_timestamp": self.max_timestamp,
+            "created_ms": self.created_ms,
+            "batches": self.batches,
+            "producers": self.producers,
+        }
 
 
 @dataclass(frozen=True, slots=True)
