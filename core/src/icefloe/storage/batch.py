@@ -31,10 +31,10 @@ import enum
 import struct
 from typing import Final, NamedTuple
 
-from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
 from icefloe.errors import CorruptDataError, KafkaError
+from icefloe.storage.crc import crc32c
 
 HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 """The 61-byte v2 batch header, field by field (see the module docstring)."""

@@ -18,7 +18,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from crc32c import crc32c
 
 from icefloe.storage.batch import (
     ATTRIBUTES_AT,
@@ -29,6 +28,7 @@ from icefloe.storage.batch import (
     LOG_OVERHEAD,
     TimestampType,
 )
+from icefloe.storage.crc import crc32c
 from icefloe.storage.rebuilt import RebuiltGroup
 
 _LOG_APPEND_TIME: Final = 0x08

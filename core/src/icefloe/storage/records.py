@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 import cramjam
-from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
 from icefloe.storage.batch import (
@@ -51,6 +50,7 @@ from icefloe.storage.batch import (
     Compression,
     TimestampType,
 )
+from icefloe.storage.crc import crc32c
 
 Header = tuple[str, bytes | None]
 """A record header: Kafka headers are an ordered list, and a key may repeat."""

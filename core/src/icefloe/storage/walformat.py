@@ -43,8 +43,6 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
-from crc32c import crc32c
-
 from icefloe.errors import CorruptDataError
 from icefloe.storage.batch import (
     ATTRIBUTES_AT,
@@ -55,6 +53,7 @@ from icefloe.storage.batch import (
     LOG_OVERHEAD,
     MIN_BATCH_LENGTH,
 )
+from icefloe.storage.crc import crc32c
 
 MAGIC: Final = b"ICEFLWAL"
 FORMAT_VERSION: Final = 1
