@@ -486,7 +486,8 @@ class StreamReader:
             fetched = await self._parquet.fetch(location.key, location.size, [group])
             loop = asyncio.get_running_loop()
             rows = await loop.run_in_executor(self._row_group_threads, fetched.decode)
-            if rows.nbytes <= LOOP_WORK_BYTES:
+            # The buffers' size: `nbytes` would walk every column's offsets to the same end.
+            if rows.get_total_buffer_size() <= LOOP_WORK_BYTES:
                 return work(rows)
             return await loop.run_in_executor(self._row_group_threads, work, rows)
         except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
