@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import io
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -221,15 +222,17 @@ async def test_an_engine_borrowing_a_running_context_leaves_it_running_on_close(
 
 
 FRESH_PROCESS = """
-import asyncio, json, sys
+import asyncio, json, os, sys
 from pathlib import Path
 from icefloe.config import load_config
+from icefloe.cpu_affinity import pin_to_one_core
 from icefloe.plugins import BackendRegistry
 from icefloe.ports.base import PortKind
 from icefloe.testing.contract import open_backend
 
 async def main():
     facts = {}
+    pin_to_one_core(0)  # as a broker process is
     BackendRegistry().installed()
     facts["pyspark_after_listing"] = "pyspark" in sys.modules
     config = load_config(env={"ICEFLOE_COMPACTION__BACKEND": "spark"})
@@ -240,6 +243,8 @@ async def main():
     await engine.start()
     facts["running_after_start"] = engine.spark_context is not None
     facts["worker_python"] = engine.spark_context.pythonExec
+    facts["jvm_cores"] = sorted(os.sched_getaffinity(engine.spark_context._gateway.proc.pid))
+    facts["own_cores"] = sorted(os.sched_getaffinity(0))
     await engine.close()
     from pyspark import SparkContext
     facts["running_after_close"] = SparkContext._active_spark_context is not None
@@ -250,20 +255,26 @@ asyncio.run(main())
 
 
 def test_an_engine_starts_spark_on_first_use_and_stops_it_on_close(tmp_path: Path) -> None:
-    # A fresh process, as a broker is: no context is running to borrow.
+    # A fresh process, as a broker is: no context is running to borrow, and it runs on one core.
+    cores = sorted(os.sched_getaffinity(0))
     script = f"OPTIONS = {QUICK_LOCAL_OPTIONS!r}\n" + textwrap.dedent(FRESH_PROCESS)
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
-    assert facts == {
-        "pyspark_after_listing": False,
-        "pyspark_after_open": False,
-        "running_after_start": True,
-        "worker_python": sys.executable,  # local mode: this interpreter, which has Icefloe
-        "running_after_close": False,
-    }
+    assert (
+        facts
+        == {
+            "pyspark_after_listing": False,
+            "pyspark_after_open": False,
+            "running_after_start": True,
+            "worker_python": sys.executable,  # local mode: this interpreter, which has Icefloe
+            "jvm_cores": cores,  # not confined to the broker's core
+            "own_cores": cores[:1],
+            "running_after_close": False,
+        }
+    )
 
 
 # --- what executors need ---------------------------------------------------------------------

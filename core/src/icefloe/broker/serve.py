@@ -34,6 +34,7 @@ from icefloe.broker.event_loop import event_loop_factory
 from icefloe.broker.heap import reuse_large_blocks
 from icefloe.broker.long_lived import freeze_long_lived, freeze_new_imports
 from icefloe.config import Config
+from icefloe.cpu_affinity import pin_to_one_core
 from icefloe.errors import ConfigError, PluginError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,10 @@ def run_broker(
 ) -> None:
     """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
+    if config.broker.pin_to_core:  # before any thread starts: they inherit the core
+        core = pin_to_one_core(index)
+        if core is not None:
+            log.info("broker %d runs on core %d", index, core)
     heap_trimmer = reuse_large_blocks()
 
     async def main() -> int:

@@ -17,6 +17,7 @@ from typing import Any, Self
 from pydantic import Field
 
 from icefloe.compaction.task import run_task_in_worker
+from icefloe.cpu_affinity import cores_before_pinning, use_cores
 from icefloe.errors import ConfigError
 from icefloe.ports.base import BackendOptions, OpenContext
 from icefloe.ports.compaction import CompactionEngine, CompactionTask, WrittenFile
@@ -39,7 +40,7 @@ class LocalCompactionEngine(CompactionEngine):
             workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
-            initargs=(os.getpid(), nice),
+            initargs=(os.getpid(), nice, cores_before_pinning()),
         )
 
     @classmethod
@@ -73,7 +74,8 @@ class LocalCompactionEngine(CompactionEngine):
         await asyncio.to_thread(self._pool.shutdown, True, cancel_futures=True)
 
 
-def _start_worker(parent: int, nice: int) -> None:
+def _start_worker(parent: int, nice: int, cores: frozenset[int] | None) -> None:
+    use_cores(cores)  # not confined to a pinned broker's core
     if nice:
         os.nice(nice)
     _exit_with_parent(parent)

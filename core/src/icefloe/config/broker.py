@@ -49,5 +49,10 @@ class BrokerOptions(BaseModel):
     """The event loop each broker process runs on: ``uvloop`` (less CPU per request;
     installed with Icefloe except on Windows), ``asyncio`` (the standard library's), or
     ``auto``: uvloop where it is installed, asyncio elsewhere."""
+    pin_to_core: bool = True
+    """Run each broker process on one core of those it may use (the broker's index-th,
+    counting round; Linux), where its threads wake each other without an interrupt between
+    cores. Compaction workers and Spark still use every core. ``false`` leaves the brokers
+    wherever the kernel puts them (for hosts whose cores are assigned by other means)."""
     session_ttl_s: float = Field(default=10.0, gt=0)
     """How long a dead broker stays listed before its registration expires."""

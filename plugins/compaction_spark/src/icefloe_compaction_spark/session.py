@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from icefloe.cpu_affinity import unpinned
 from icefloe.errors import ConfigError, UnavailableError
 from icefloe_compaction_spark.options import SparkCompactionOptions
 
@@ -87,7 +88,8 @@ class SparkSessionHolder:
             .setAll(list({**DEFAULT_CONF, **options.conf}.items()))
         )
         try:
-            context = SparkContext(conf=conf)
+            with unpinned():  # the JVM it starts runs on every core, not the broker's one
+                context = SparkContext(conf=conf)
         except Exception as exc:  # PySpark raises several unrelated types here
             raise UnavailableError(
                 f"Spark did not start with [compaction.spark] master = {options.master!r}: "
