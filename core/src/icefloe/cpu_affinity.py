@@ -3,13 +3,14 @@
 A broker's event loop hands work to its own threads (a WAL write, a SQLite commit, a row group
 to decode) and is woken by them when it is done, several times per flush. Which core a woken
 thread runs on is the kernel's choice; when it is another core than the waker's, the wake-up
-takes an interrupt between the cores, which on virtual machines costs tens to hundreds of
-microseconds of the waker's CPU (a send to a peer blocked on another core took 30-140 µs on the
-two-core machine of docs/performance.md, 7 µs on the same core). The threads mostly take turns
-holding the GIL anyway, so a second core gains them little: confined to one core, the same
-broker took the Java producer's records with about a fifth less CPU, and read catch-up from
-Parquet with a sixth less. Each broker of a host gets its own core (the ``index``-th of those
-the process may use), as in thread-per-core designs.
+takes an interrupt between the cores, which on virtual machines costs the waker tens to
+hundreds of microseconds of CPU (a send to a peer blocked on the other core took 30-140 µs on
+the two-core machine of docs/performance.md, 7-9 µs on the same core). The threads mostly take
+turns holding the GIL anyway, so a second core gains them little: on one core, the same broker
+took the Java producer's records about a quarter faster with a quarter less CPU, and served
+catch-up reads from Parquet with a sixth less CPU. Each broker of a host gets its own core (the
+``index``-th of those the process may use), as in thread-per-core designs. The broker's own part
+of compaction (planning, handing WAL data to the workers, table commits) shares that core.
 
 What a pinned broker starts to do heavy work of its own (compaction worker processes, Spark's
 JVM) is given every core back: :func:`cores_before_pinning`, :func:`use_cores`,
