@@ -15,16 +15,19 @@ import pytest
 from icefloe.compaction import planner
 from icefloe.compaction.committer import TaskRecord, TaskStream
 from icefloe.compaction.planner import (
-    MAX_RUN_ENTRIES,
+    FILE_RECORD_BYTES,
+    RUN_RECORD_BYTES,
     StreamPlan,
     TaskKind,
+    entry_record_bytes,
     plan_of,
     split_by_objects,
+    stream_record_bytes,
 )
 from icefloe.compaction.service import Compactor, Progress
 from icefloe.config import Config, load_config
 from icefloe.ports.compaction import CompactionTask, WrittenFile
-from icefloe.ports.metadata import MAX_VALUE_BYTES
+from icefloe.ports.metadata import MAX_VALUE_BYTES, Record
 from icefloe.ports.object_store import RequestKind
 from icefloe.storage import keys
 from icefloe.storage.engine import StreamStorage
@@ -228,20 +231,38 @@ async def test_a_background_round_starts_at_most_max_runs_in_flight(
             await compactor.close()
 
 
-def test_the_record_of_the_largest_run_fits_in_a_metadata_value() -> None:
-    # Every entry a stream of its own, each written to a file of many row groups: the most a
-    # run's record holds.
-    ref = "wal/" + "f" * 64
-    entries = [
-        IndexEntry(s, 1 << 40, 1 << 50, 10, WalLocation(ref, 1 << 30, 1 << 20), 0, 0, 0, ())
-        for s in range(MAX_RUN_ENTRIES)
-    ]
-    streams = [StreamPlan("a-topic-name", e.stream_id, e.stream_id, (e,)) for e in entries]
+def largest_record(topic: str, entries_per_stream: int, file_per_entry: bool) -> TaskRecord:
+    """The record of a run filled to the planner's estimate: streams of ``topic`` with
+    ``entries_per_stream`` entries each (large offsets, long WAL object names), every file
+    with many row groups, and, with ``file_per_entry``, a file per entry (a topic split by
+    time)."""
+    per_file = FILE_RECORD_BYTES + len(topic) if file_per_entry else 0
+    room = RUN_RECORD_BYTES
+    streams: list[StreamPlan] = []
+    while True:
+        s = len(streams)
+        room -= stream_record_bytes(topic)
+        entries = []
+        for i in range(entries_per_stream):
+            location = WalLocation(f"wal/{i:064x}", 1 << 30, 1 << 20)
+            e = IndexEntry(s, (1 << 40) + i, (1 << 50) + i, 10, location, 0, 0, 0, ())
+            if room < entry_record_bytes(e) + per_file:
+                break
+            room -= entry_record_bytes(e) + per_file
+            entries.append(e)
+        if not entries:
+            break
+        streams.append(StreamPlan(topic, s, s, tuple(entries)))
+        if len(entries) < entries_per_stream:
+            break
     plan = plan_of(streams, {}, TaskKind.COMPACT, (), 1 << 28, 16)
     record = TaskRecord(plan.run_id, list(plan.tasks), [], created_ms=1)
     record.streams = [
         TaskStream(
-            s.topic, s.partition, s.stream_id, [keys.index_key(s.stream_id, 1 << 40, 1 << 50)]
+            s.topic,
+            s.partition,
+            s.stream_id,
+            [keys.index_key(s.stream_id, e.end, e.cumulative_size) for e in s.entries],
         )
         for s in streams
     ]
@@ -249,23 +270,66 @@ def test_the_record_of_the_largest_run_fits_in_a_metadata_value() -> None:
         WrittenFile(t.task_id, s, path, 1 << 30, 1 << 20, 1 << 40, 1 << 41, ((1, 2),) * 8, 1, 2)
         for t in plan.tasks
         for s, path in t.output_paths
+        for _ in range(sum(r.stream_id == s for r in t.ranges) if file_per_entry else 1)
     ]
-    record.sequences = {"a-topic-name": 1 << 30}
+    record.sequences = {topic: 1 << 30}
+    return record
+
+
+@pytest.mark.parametrize(
+    ("topic_chars", "entries_per_stream", "file_per_entry"),
+    [(249, 1, False), (12, 1, False), (12, 5000, False), (249, 5000, False), (12, 5000, True)],
+)
+def test_the_record_of_the_largest_run_fits_in_a_metadata_value(
+    topic_chars: int, entries_per_stream: int, file_per_entry: bool
+) -> None:
+    record = largest_record("t" * topic_chars, entries_per_stream, file_per_entry)
+    assert record.streams, "not even one stream fits"
     assert len(record.encode()) < MAX_VALUE_BYTES
 
 
-async def test_a_run_replaces_at_most_max_run_entries(
+def test_a_far_behind_stream_of_small_entries_is_compacted_in_few_runs() -> None:
+    # Entries of 87 KB (the latency profile's, eight partitions): a run takes over 200 MB of
+    # one stream, not the 87 MB a thousand entries make.
+    record = largest_record("t", 5000, False)
+    assert len(record.streams) == 1
+    assert len(record.streams[0].replaced) >= 2500
+
+
+def test_a_run_record_reads_back_as_written() -> None:
+    wal = [entry(1, 10, "wal/a"), entry(1, 20, "wal/b"), entry(2, 10, "wal/b")]
+    wal_streams = [StreamPlan("t", 0, 1, tuple(wal[:2])), StreamPlan("t", 1, 2, (wal[2],))]
+    files = (entry(3, 10, "x"), entry(3, 20, "x"))
+    parquet = [
+        IndexEntry(3, e.end, e.cumulative_size, 10, ParquetLocation(f"f{e.end}", 1, 2), 0, 0, 0, ())
+        for e in files
+    ]
+    plans = [
+        plan_of(wal_streams, {}, TaskKind.COMPACT, (), 1 << 28, 16),
+        plan_of([StreamPlan("t", 2, 3, tuple(parquet))], {}, TaskKind.REWRITE),
+    ]
+    for plan in plans:
+        written = TaskRecord(plan.run_id, list(plan.tasks), [], created_ms=1)
+        read = TaskRecord.decode(Record("k", written.encode(), 7))
+        assert read.tasks == written.tasks
+        assert read.ranges == written.ranges
+
+
+async def test_a_run_takes_what_fits_in_its_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(planner, "MAX_RUN_ENTRIES", 5)
     config = runs_config(tmp_path)
     async with open_parts(config) as (storage, topics):
-        expected = await fill(storage, topics, rounds=4)
+        expected = await fill(storage, topics, rounds=4)  # 3 streams of 4 entries
+        first = (await storage.index.scan(next(iter(expected))))[0]
+        # Room for one stream and five entries: a stream's four, not a second stream too.
+        room = stream_record_bytes("events") + 5 * entry_record_bytes(first)
+        monkeypatch.setattr(planner, "RUN_RECORD_BYTES", room)
         compactor = await Compactor.open(config, storage, topics)
         try:
             runs: list[Progress] = []
             await compactor.until_idle(runs.append)
-            assert len(runs) == 3  # 12 entries
+            assert [r.streams for r in runs] == [1, 1, 1]
             for name, rows in (await table_rows(compactor, "events")).items():
                 assert rows == wanted(expected), f"{name}: not every record exactly once"
         finally:

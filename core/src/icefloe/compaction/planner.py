@@ -11,12 +11,13 @@ range, written as one data file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import itertools
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,9 +38,20 @@ from icefloe.topics.configs import (
 )
 from icefloe.topics.registry import Topic
 
-MAX_RUN_ENTRIES: Final = 1000
-"""Index entries one run replaces at most: its saga record lists each of them, and its files,
-and must stay well inside a metadata value (1 MiB)."""
+RUN_RECORD_BYTES: Final = 768 << 10
+"""What one run's saga record may hold: it lists every index entry the run replaces, the range
+each task reads for it, and every file written, and must stay inside a metadata value (1 MiB)
+at each step of the saga. A run is planned against this estimate of the record's size, so a
+stream far behind, whose WAL holds many small entries (the latency profile's), is compacted
+in few runs: each run costs a commit to every table format, whatever its size. The split
+into tasks adds at most a file per task to the estimate, well inside the rest of the value."""
+ENTRY_RECORD_BYTES: Final = 200
+"""What an entry adds to the record besides its WAL object's name: its key among those the
+run replaces (about 70 bytes) and its range in a task (about 120 with the field names)."""
+FILE_RECORD_BYTES: Final = 400
+"""What a written file adds besides its path: its description, row groups and output key."""
+STREAM_RECORD_BYTES: Final = 200 + FILE_RECORD_BYTES
+"""What a stream adds besides its topic name, which it repeats (:func:`stream_record_bytes`)."""
 
 
 @dataclass(slots=True)
@@ -178,7 +190,7 @@ async def plan_task(
     transactions in its ranges were aborted, to leave them out.
     """
     budget = options.max_task_bytes * options.max_tasks_per_run
-    entries_left = MAX_RUN_ENTRIES
+    room = RUN_RECORD_BYTES
     split = (options.max_task_bytes, options.max_tasks_per_run)
     chosen: list[StreamPlan] = []
     aborted: list[tuple[int, int, int, int]] = []
@@ -194,15 +206,21 @@ async def plan_task(
                 continue  # nothing in the WAL
             if not force and not _is_due(backlog.size, backlog.oldest_ms, topic, options, now_ms):
                 continue
-            wal_entries = await index.scan(stream_id, after_end=backlog.tables_end)
-            entries = _taken(wal_entries, options, now_ms, force, budget)[:entries_left]
+            # A topic split by time may write a file per entry (one per hour or day).
+            per_file = FILE_RECORD_BYTES + len(topic.name) if topic.name in units else 0
+            stream_room = room - stream_record_bytes(topic.name)
+            wal_entries = index.entries(stream_id, after_end=backlog.tables_end)
+            async with contextlib.aclosing(wal_entries):
+                entries = await _taken(
+                    wal_entries, options, now_ms, force, budget, stream_room, per_file
+                )
             if entries and transactions is not None:
                 entries = await _stable(transactions, stream_id, entries, aborted)
             if entries:
                 chosen.append(StreamPlan(topic.name, partition, stream_id, tuple(entries)))
                 budget -= sum(e.size for e in entries)
-                entries_left -= len(entries)
-            if budget <= 0 or entries_left <= 0:
+                room = stream_room - sum(entry_record_bytes(e) + per_file for e in entries)
+            if budget <= 0 or room < stream_record_bytes(topic.name) + ENTRY_RECORD_BYTES:
                 return plan_of(
                     chosen, units, TaskKind.COMPACT, aborted, *split, typed=typed, codecs=codecs
                 )
@@ -239,16 +257,36 @@ def _is_due(
     return size >= min_bytes or now_ms - oldest_ms >= max_age_ms
 
 
-def _taken(
-    entries: list[IndexEntry],
+def stream_record_bytes(topic: str) -> int:
+    """What a stream adds to a run's saga record besides its entries: its share of a task
+    (output key), its replaced entries' header, and its written file (path, description)."""
+    return STREAM_RECORD_BYTES + 4 * len(topic)
+
+
+def entry_record_bytes(entry: IndexEntry) -> int:
+    """What replacing ``entry`` adds to a run's saga record."""
+    location = entry.location
+    name = location.ref if isinstance(location, WalLocation) else location.key
+    return ENTRY_RECORD_BYTES + len(name)
+
+
+async def _taken(
+    entries: AsyncIterator[IndexEntry],
     options: CompactorOptions,
     now_ms: int,
     force: bool,
     budget: int,
+    room: int,
+    per_file: int,
 ) -> list[IndexEntry]:
-    """The due stream's WAL entries a run takes: contiguous from the first, old enough."""
+    """The due stream's WAL entries a run takes: contiguous from the first, old enough, and
+    as many as fit in ``room`` bytes of the run's record (each taking ``per_file`` more for
+    a file of its own). Reads no further than it takes: a stream far behind holds many more."""
     taken: list[IndexEntry] = []
-    for entry in entries:
+    async for entry in entries:
+        room -= entry_record_bytes(entry) + per_file
+        if room < 0:
+            break
         if not entry.in_wal:
             if taken:
                 break

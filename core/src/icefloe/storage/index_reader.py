@@ -13,7 +13,7 @@ import asyncio
 import bisect
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Final
 
 from icefloe import metrics
@@ -250,7 +250,7 @@ class IndexReader:
                 self._starts[stream_id] = start
         return start
 
-    async def entries(self, stream_id: int, after_end: int = 0) -> AsyncIterator[IndexEntry]:
+    async def entries(self, stream_id: int, after_end: int = 0) -> AsyncGenerator[IndexEntry, None]:
         """Every entry whose end offset is greater than ``after_end``, in order, read from the
         store a page at a time so a long index never sits in memory whole."""
         start, last = (
