@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from icefloe.keyspace import COUNTERS, STREAM_NAMES, STREAMS, prefix_end
-from icefloe.ports.metadata import sequence_components, sequence_key, sequence_upper_bound
+from icefloe.ports.metadata import sequence_key, sequence_upper_bound
 
 STREAM_ID_WIDTH: Final = 12
 
@@ -41,6 +41,11 @@ def index_sequence(stream_id: int) -> str:
     return f"{stream_dir(stream_id)}/index"
 
 
+INDEX_LEAF: Final = "index-"
+"""How the last part of an index key begins: the sequence's name and the dash before each of
+its components (end offset, cumulative size)."""
+
+
 def index_key(stream_id: int, end_offset: int, cumulative_size: int) -> str:
     return sequence_key(index_sequence(stream_id), (end_offset, cumulative_size))
 
@@ -61,11 +66,17 @@ def index_range(stream_id: int) -> tuple[str, str]:
 
 
 def parse_index_key(key: str) -> tuple[int, int, int]:
-    """(stream id, end offset, cumulative size) of an index key."""
+    """(stream id, end offset, cumulative size) of an index key; ``ValueError`` if it is not
+    one. Parsed by hand rather than through :func:`sequence_components`: every index entry
+    read, and every notice of one written, passes through here."""
     directory, _, leaf = key.rpartition("/")
-    stream_id = int(directory[len(STREAMS) :])
-    end, cumulative = sequence_components("index", leaf)
-    return stream_id, end, cumulative
+    try:
+        if not leaf.startswith(INDEX_LEAF):
+            raise ValueError(leaf)
+        end, cumulative = leaf[len(INDEX_LEAF) :].split("-")
+        return int(directory[len(STREAMS) :]), int(end), int(cumulative)
+    except ValueError:
+        raise ValueError(f"{key!r} is not an index key") from None
 
 
 def is_index_key(key: str) -> bool:
