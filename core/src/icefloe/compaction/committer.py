@@ -191,8 +191,8 @@ def _encode_task(task: CompactionTask) -> list[Any]:
 
 
 def _range_fields(r: StreamRange) -> dict[str, Any]:
-    # What dataclasses.asdict gives, built directly: a run's record lists up to a thousand
-    # ranges and is written at each step of the saga, and asdict costs several times more.
+    # What dataclasses.asdict gives, built directly: a run's record lists thousands of ranges
+    # and is written at each step of the saga, and asdict costs several times more.
     return {
         "stream_id": r.stream_id,
         "partition": r.partition,

@@ -196,7 +196,7 @@ class OffsetIndex:
 
     async def _entries(self, keys_: Sequence[str]) -> list[IndexEntry]:
         """The entries still stored under ``keys_``, in key order: one range scan, not a read
-        per key (a run replaces up to a thousand consecutive entries)."""
+        per key (a run may replace thousands of consecutive entries)."""
         wanted = set(keys_)
         if not wanted:
             return []
