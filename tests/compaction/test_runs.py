@@ -299,10 +299,10 @@ def test_a_far_behind_stream_of_small_entries_is_compacted_in_few_runs() -> None
 def test_a_run_record_reads_back_as_written() -> None:
     wal = [entry(1, 10, "wal/a"), entry(1, 20, "wal/b"), entry(2, 10, "wal/b")]
     wal_streams = [StreamPlan("t", 0, 1, tuple(wal[:2])), StreamPlan("t", 1, 2, (wal[2],))]
-    files = (entry(3, 10, "x"), entry(3, 20, "x"))
+    groups = {end: ((end - 10, end - 1),) for end in (10, 20)}
     parquet = [
-        IndexEntry(3, e.end, e.cumulative_size, 10, ParquetLocation(f"f{e.end}", 1, 2), 0, 0, 0, ())
-        for e in files
+        IndexEntry(3, end, end * 100, 10, ParquetLocation(f"f{end}", 1, g), 0, 0, 0, ())
+        for end, g in groups.items()
     ]
     plans = [
         plan_of(wal_streams, {}, TaskKind.COMPACT, (), 1 << 28, 16),
