@@ -10,7 +10,7 @@ turns holding the GIL anyway, so a second core gains them little: on one core, t
 took the Java producer's records about a quarter faster with a quarter less CPU, and served
 catch-up reads from Parquet with a sixth less CPU. Each broker of a host gets its own core (the
 ``index``-th of those the process may use), as in thread-per-core designs. The broker's own part
-of compaction (planning, handing WAL data to the workers, table commits) shares that core.
+of compaction (planning, the saga's records, the index swap, table commits) shares that core.
 
 What a pinned broker starts to do heavy work of its own (compaction worker processes, Spark's
 JVM) is given every core back: :func:`cores_before_pinning`, :func:`use_cores`,
