@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -306,6 +307,42 @@ async def test_a_task_reads_each_wal_object_once(
     assert len(set(reads)) == len(reads) == 3  # three flushes, each read once
     assert len(files) == 4
     table = pq.read_table(Path(tmp_path, "objects", files[0].path))
+    assert table.column("offset").to_pylist() == list(range(30))
+
+
+async def test_a_task_of_one_stream_reads_only_its_chunks_of_shared_wal_objects(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor], tmp_path: Path
+) -> None:
+    storage, topics, compactor = parts
+    topic = await topics.create("t", 4)
+    for _ in range(3):
+        await asyncio.gather(*(storage.append(s, records(10, "x")) for s in topic.streams))
+    from icefloe.compaction.planner import plan_task
+
+    plan = await plan_task(storage.index, topics.cached(), compactor._options, 0, force=True)
+    assert plan is not None
+    [whole] = plan.tasks
+    stream = topic.streams[2]
+    task = dataclasses.replace(
+        whole,
+        ranges=tuple(r for r in whole.ranges if r.stream_id == stream),
+        output_paths=tuple(p for p in whole.output_paths if p[0] == stream),
+    )
+    read_bytes: list[int] = []
+    read_from_wal = storage.wal.read
+
+    async def measured(ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
+        data = await read_from_wal(ref, start, end)
+        read_bytes.append(len(data))
+        return data
+
+    storage.wal.read = measured  # type: ignore[method-assign]
+    [file] = await execute(task, storage.wal, storage.object_store)
+    # Each flush's object holds the four streams' chunks; the task reads its stream's alone.
+    assert read_bytes == [r.byte_end - r.byte_start for r in task.ranges]
+    objects = {info.ref: info.size for info in [i async for i in storage.wal.list()]}
+    assert sum(read_bytes) < sum(objects[r.ref] for r in task.ranges) / 3
+    table = pq.read_table(Path(tmp_path, "objects", file.path))
     assert table.column("offset").to_pylist() == list(range(30))
 
 

@@ -87,17 +87,21 @@ async def execute(
             store,
             codecs.get(stream_id, DEFAULT_CODEC),
         )
-    for ref in task.refs():
-        ranges = [r for r in task.ranges if r.ref == ref and r.stream_id not in cleaning]
-        if not ranges:
-            continue
+    by_source: dict[str, list[StreamRange]] = defaultdict(list)
+    for r in task.ranges:
+        if r.stream_id not in cleaning:
+            by_source[r.ref].append(r)
+    for ref, ranges in by_source.items():
         if ranges[0].source is Source.PARQUET:
             data = memoryview(await store.get(ref))
             pieces[ranges[0].stream_id].append((ranges[0], data))
             continue
-        wal_object = memoryview(await wal.read(ref))
+        # Only the span of the task's chunks: a WAL object holds chunks of many streams, and
+        # a run that takes one stream far behind would otherwise read every object whole.
+        first = min(r.byte_start for r in ranges)
+        span = memoryview(await wal.read(ref, first, max(r.byte_end for r in ranges)))
         for r in ranges:
-            pieces[r.stream_id].append((r, wal_object[r.byte_start : r.byte_end]))
+            pieces[r.stream_id].append((r, span[r.byte_start - first : r.byte_end - first]))
     for stream_id, stream_pieces in sorted(pieces.items()):
         stream_pieces.sort(key=lambda piece: piece[0].start_offset)
         if len({r.source for r, _ in stream_pieces}) != 1:
