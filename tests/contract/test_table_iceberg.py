@@ -4,6 +4,7 @@ real Iceberg REST catalog (the reference fixture server), plus what only Iceberg
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,24 @@ class TestIcebergTableFormat(TableFormatContract):
         await table_format.commit(table, 12, [await self.write_file(store, table, 0, range(3))])
         snapshot = pyiceberg_table(table_format, table).current_snapshot()
         assert snapshot.summary["icefloe.commit-sequence"] == "12"
+
+    @pytest.mark.asyncio
+    async def test_a_commit_logs_nothing_about_columns_without_statistics(
+        self,
+        table_format: TableFormat,
+        store: ObjectStore,
+        table: TableSpec,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        logger = logging.getLogger("pyiceberg.io.pyarrow")
+        with caplog.at_level(logging.WARNING):
+            level = logger.level
+            file = await self.write_file(store, table, 0, range(3))
+            await table_format.commit(table, 1, [file])
+            assert logger.level == level  # raised only while describing
+            logger.warning("statistics missing, a warning from outside a commit")
+        warnings = [r.getMessage() for r in caplog.records if r.name == logger.name]
+        assert warnings == ["statistics missing, a warning from outside a commit"]
 
     @pytest.mark.asyncio
     async def test_expire_drops_old_snapshots(
