@@ -36,9 +36,10 @@ class CompactorOptions(BaseModel):
     min_bytes: int = Field(default=64 << 20, gt=0)
     """…or once this many WAL bytes wait, whichever comes first. (The topic configs
     ``icefloe.compaction.max.age.ms`` and ``icefloe.compaction.min.bytes`` override both.)"""
-    max_task_bytes: int = Field(default=256 << 20, gt=0)
-    """WAL bytes one task reads (bounds a worker's memory): a task closes once it holds this
-    much, so it may hold up to one WAL object (or one stream's chunk) more."""
+    max_task_bytes: int = Field(default=128 << 20, gt=0)
+    """WAL bytes one task reads (bounds a worker's memory, about four times this at its peak):
+    a task closes once it holds this much, so it may hold up to one WAL object (or one
+    stream's chunk) more."""
     max_tasks_per_run: int = Field(default=16, ge=1, le=1024)
     """Tasks one run holds at most. A run's tasks go to the engine together (one Spark job,
     a partition per task) and are committed together: one table commit per format and topic."""
