@@ -15,9 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from icefloe.compaction.planner import plan_task
 from icefloe.compaction.service import Compactor
 from icefloe.compaction.task import execute
 from icefloe.config import Config
+from icefloe.ports.compaction import CompactionTask
 from icefloe.ports.object_store import RequestKind
 from icefloe.storage import reader as reader_module
 from icefloe.storage.batch import Compression
@@ -26,9 +28,9 @@ from icefloe.storage.index import ParquetLocation
 from icefloe.storage.rebuild import rebuild_group
 from icefloe.storage.rebuilt import RebuiltGroup
 from icefloe.storage.records import Record, build_batch, decode_batch
-from icefloe.topics.registry import TopicRegistry
+from icefloe.topics.registry import Topic, TopicRegistry
 from tests.support.compaction_processes import start_engine_worker_then_wait
-from tests.support.storage import count_wal_reads, read_all
+from tests.support.storage import count_wal_reads, read_all, wal_read_sizes
 
 
 def records(n: int, tag: str, start_ts: int = 1_700_000_000_000) -> list[Record]:
@@ -289,19 +291,27 @@ async def test_unreferenced_wal_objects_are_collected_and_reads_still_work(
         assert comparable(await read_all(fresh, stream)) == comparable(before)
 
 
-async def test_a_task_reads_each_wal_object_once(
-    parts: tuple[StreamStorage, TopicRegistry, Compactor], tmp_path: Path
-) -> None:
+async def one_task_over_shared_wal_objects(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor],
+) -> tuple[Topic, CompactionTask]:
+    """A topic of four streams written together three times (three WAL objects, each with a
+    chunk of every stream), and the one task that compacts all of it."""
     storage, topics, compactor = parts
     topic = await topics.create("t", 4)
     for _ in range(3):
         await asyncio.gather(*(storage.append(s, records(10, "x")) for s in topic.streams))
-    from icefloe.compaction.planner import plan_task
-
     plan = await plan_task(storage.index, topics.cached(), compactor._options, 0, force=True)
     assert plan is not None
-    reads = count_wal_reads(storage.wal)
     [task] = plan.tasks
+    return topic, task
+
+
+async def test_a_task_reads_each_wal_object_once(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor], tmp_path: Path
+) -> None:
+    storage = parts[0]
+    _, task = await one_task_over_shared_wal_objects(parts)
+    reads = count_wal_reads(storage.wal)
     files = await execute(task, storage.wal, storage.object_store)
     assert sorted(reads) == sorted(task.refs())
     assert len(set(reads)) == len(reads) == 3  # three flushes, each read once
@@ -313,30 +323,15 @@ async def test_a_task_reads_each_wal_object_once(
 async def test_a_task_of_one_stream_reads_only_its_chunks_of_shared_wal_objects(
     parts: tuple[StreamStorage, TopicRegistry, Compactor], tmp_path: Path
 ) -> None:
-    storage, topics, compactor = parts
-    topic = await topics.create("t", 4)
-    for _ in range(3):
-        await asyncio.gather(*(storage.append(s, records(10, "x")) for s in topic.streams))
-    from icefloe.compaction.planner import plan_task
-
-    plan = await plan_task(storage.index, topics.cached(), compactor._options, 0, force=True)
-    assert plan is not None
-    [whole] = plan.tasks
+    storage = parts[0]
+    topic, whole = await one_task_over_shared_wal_objects(parts)
     stream = topic.streams[2]
     task = dataclasses.replace(
         whole,
         ranges=tuple(r for r in whole.ranges if r.stream_id == stream),
         output_paths=tuple(p for p in whole.output_paths if p[0] == stream),
     )
-    read_bytes: list[int] = []
-    read_from_wal = storage.wal.read
-
-    async def measured(ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
-        data = await read_from_wal(ref, start, end)
-        read_bytes.append(len(data))
-        return data
-
-    storage.wal.read = measured  # type: ignore[method-assign]
+    read_bytes = wal_read_sizes(storage.wal)
     [file] = await execute(task, storage.wal, storage.object_store)
     # Each flush's object holds the four streams' chunks; the task reads its stream's alone.
     assert read_bytes == [r.byte_end - r.byte_start for r in task.ranges]

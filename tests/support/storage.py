@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +52,23 @@ async def read_all(storage: StreamStorage, stream: int, max_bytes: int = 64 << 1
 def count_wal_reads(wal: WAL) -> list[str]:
     """The references read from ``wal`` from now on, one per read (whichever the backend)."""
     refs: list[str] = []
+    _watch_wal_reads(wal, lambda ref, data: refs.append(ref))
+    return refs
+
+
+def wal_read_sizes(wal: WAL) -> list[int]:
+    """The bytes each read from ``wal`` returns from now on, one per read."""
+    sizes: list[int] = []
+    _watch_wal_reads(wal, lambda ref, data: sizes.append(len(data)))
+    return sizes
+
+
+def _watch_wal_reads(wal: WAL, seen: Callable[[str, bytes | memoryview], None]) -> None:
     read_from_wal = wal.read
 
-    async def counted(ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
-        refs.append(ref)
-        return await read_from_wal(ref, start, end)
+    async def watched(ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
+        data = await read_from_wal(ref, start, end)
+        seen(ref, data)
+        return data
 
-    wal.read = counted  # type: ignore[method-assign]
-    return refs
+    wal.read = watched  # type: ignore[method-assign]
