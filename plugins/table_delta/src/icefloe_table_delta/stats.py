@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 TAIL_BYTES: Final = 64 << 10
 """Bytes read from the end of a file first; footers of Icefloe's files are far smaller."""
 _MAGIC: Final = b"PAR1"
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def footer_length(tail: bytes) -> int:
@@ -44,15 +45,14 @@ def stats_json(metadata: pq.FileMetaData) -> str:
     mins: dict[str, Any] = {}
     maxes: dict[str, Any] = {}
     nulls: dict[str, int] = {}
+    groups = _row_groups(metadata)
     for name in schema.names:
         arrow_type = schema.field(name).type
         column = _column_index(metadata, name)
         if column is None:
             continue  # nested: no single leaf column
-        chunks = [
-            metadata.row_group(g).column(column).statistics for g in range(metadata.num_row_groups)
-        ]
-        if not chunks or any(s is None for s in chunks):
+        chunks = _statistics(groups, column)
+        if not chunks:
             continue
         if all(s.has_null_count for s in chunks):
             nulls[name] = sum(int(s.null_count) for s in chunks)
@@ -60,12 +60,17 @@ def stats_json(metadata: pq.FileMetaData) -> str:
             continue
         if not all(s.has_min_max for s in chunks):
             continue
-        low = min(s.min for s in chunks)
-        high = max(s.max for s in chunks)
         if pa.types.is_timestamp(arrow_type):
-            mins[name], maxes[name] = _millis(low, up=False), _millis(high, up=True)
+            span = _micros_range(chunks, arrow_type)
+            if span is None:
+                continue
+            mins[name], maxes[name] = _millis(span[0], up=False), _millis(span[1], up=True)
+        elif pa.types.is_signed_integer(arrow_type):  # stored as they are
+            mins[name] = min(s.min_raw for s in chunks)
+            maxes[name] = max(s.max_raw for s in chunks)
         else:
-            mins[name], maxes[name] = int(low), int(high)
+            mins[name] = int(min(s.min for s in chunks))
+            maxes[name] = int(max(s.max for s in chunks))
     stats = {
         "numRecords": metadata.num_rows,
         "minValues": mins,
@@ -79,21 +84,52 @@ def timestamp_range_ms(metadata: pq.FileMetaData, name: str) -> tuple[int, int] 
     """(min, max) of the timestamp column ``name`` in milliseconds, from the row groups'
     statistics; ``None`` if a row group has none."""
     column = _column_index(metadata, name)
-    if column is None or metadata.num_row_groups == 0:
+    if column is None:
         return None
-    chunks = [
-        metadata.row_group(g).column(column).statistics for g in range(metadata.num_row_groups)
-    ]
-    if any(s is None or not s.has_min_max for s in chunks):
+    arrow_type = metadata.schema.to_arrow_schema().field(name).type
+    chunks = _statistics(_row_groups(metadata), column)
+    if not chunks or not all(s.has_min_max for s in chunks):
         return None
-    low = min(s.min for s in chunks)
-    high = max(s.max for s in chunks)
-    return _epoch_ms(low), _epoch_ms(high)
+    span = _micros_range(chunks, arrow_type)
+    if span is None:
+        return None
+    return span[0] // 1000, span[1] // 1000
 
 
-def _epoch_ms(value: datetime.datetime) -> int:
-    delta = value.astimezone(datetime.UTC) - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-    return delta // datetime.timedelta(milliseconds=1)
+def _row_groups(metadata: pq.FileMetaData) -> list[pq.RowGroupMetaData]:
+    return [metadata.row_group(g) for g in range(metadata.num_row_groups)]
+
+
+def _statistics(groups: list[pq.RowGroupMetaData], column: int) -> list[pq.Statistics]:
+    """The statistics of ``column`` in every row group; empty if a group has none.
+
+    Most of Icefloe's columns carry none: stopping at the first group that has none keeps a
+    file of a hundred groups from costing a wrapper object per group and column.
+    """
+    chunks = []
+    for group in groups:
+        statistics = group.column(column).statistics
+        if statistics is None:
+            return []
+        chunks.append(statistics)
+    return chunks
+
+
+_MICROS_PER: Final = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+def _micros_range(chunks: list[pq.Statistics], arrow_type: pa.DataType) -> tuple[int, int] | None:
+    """(min, max) microseconds since the epoch of a timestamp column, from the statistics'
+    stored integers (a ``datetime`` per group costs ten times more); ``None`` if they are not
+    64-bit integers (legacy INT96 timestamps)."""
+    if chunks[0].physical_type != "INT64":
+        return None
+    low = min(s.min_raw for s in chunks)
+    high = max(s.max_raw for s in chunks)
+    unit = arrow_type.unit
+    if unit == "ns":  # the maximum rounded up, as in _millis
+        return low // 1000, -(-high // 1000)
+    return low * _MICROS_PER[unit], high * _MICROS_PER[unit]
 
 
 def _column_index(metadata: pq.FileMetaData, name: str) -> int | None:
@@ -103,13 +139,12 @@ def _column_index(metadata: pq.FileMetaData, name: str) -> int | None:
     return None
 
 
-def _millis(value: datetime.datetime, *, up: bool) -> str:
+def _millis(micros: int, *, up: bool) -> str:
     """A Delta stats timestamp: ISO-8601 with milliseconds, in UTC.
 
     Delta keeps milliseconds only; the maximum is rounded *up* so that a reader skipping files
     by ``max < x`` never skips one holding a row in the last, truncated millisecond.
     """
-    value = value.astimezone(datetime.UTC)
-    if up and value.microsecond % 1000:
-        value += datetime.timedelta(microseconds=1000 - value.microsecond % 1000)
+    millis = -(-micros // 1000) if up else micros // 1000
+    value = _EPOCH + datetime.timedelta(milliseconds=millis)
     return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
