@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from icefloe.compaction import retention
+from icefloe.storage import index_reader
 from icefloe.storage.engine import StreamStorage
+from icefloe.storage.index import IndexEntry
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.storage.records import Record
 from icefloe.topics.registry import TopicRegistry
@@ -111,3 +113,47 @@ async def test_a_compact_only_topic_keeps_everything(
     await storage.append(topic.streams[0], records(5, 0))
     await storage.append(topic.streams[0], records(5, 0))
     assert await retention.enforce(storage, topic, 10**13) == 0
+
+
+async def test_retention_by_time_reads_the_index_only_as_far_as_entries_expire(
+    setup: tuple[StreamStorage, TopicRegistry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage, topics = setup
+    now = int(time.time() * 1000)
+    topic = await topics.create("t", 1, {"retention.ms": "60000"})
+    stream = topic.streams[0]
+    await storage.append(stream, records(5, now - 120_000))
+    for _ in range(20):
+        await storage.append(stream, records(5, now + 120_000))
+    decoded = count_decoded_entries(monkeypatch)
+
+    expired = await retention.expired_entries(storage, topic, stream, now + 61_000)
+
+    assert [(e.start, e.end) for e in expired] == [(0, 5)]
+    assert decoded == [2]  # the expired entry and the first one kept
+
+
+async def test_a_topic_that_cannot_expire_reads_no_index_entry(
+    setup: tuple[StreamStorage, TopicRegistry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage, topics = setup
+    topic = await topics.create("t", 1, {"cleanup.policy": "compact"})
+    for _ in range(3):
+        await storage.append(topic.streams[0], records(5, 0))
+    decoded = count_decoded_entries(monkeypatch)
+
+    assert await retention.enforce(storage, topic, 10**13) == 0
+    assert decoded == [0]
+
+
+def count_decoded_entries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A one-item list counting the index entries decoded from the store from now on."""
+    decoded = [0]
+    decode = index_reader.index.decode
+
+    def counted(key: bytes, value: bytes) -> IndexEntry:
+        decoded[0] += 1
+        return decode(key, value)
+
+    monkeypatch.setattr(index_reader.index, "decode", counted)
+    return decoded

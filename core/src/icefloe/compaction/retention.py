@@ -23,10 +23,11 @@ deleted while still in the WAL may reach them too, if compaction takes them firs
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 
 from icefloe.compaction.planner import Plan, StreamPlan, TaskKind
-from icefloe.config.storage import StorageOptions
 from icefloe.ports.compaction import CompactionTask
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry
@@ -34,40 +35,55 @@ from icefloe.topics.configs import effective_value, split_list
 from icefloe.topics.registry import Topic
 
 
-def expired_entries(
-    entries: list[IndexEntry],
-    topic: Topic,
-    now_ms: int,
-    storage: StorageOptions,
-    log_start: int = 0,
+async def expired_entries(
+    storage: StreamStorage, topic: Topic, stream_id: int, now_ms: int
 ) -> list[IndexEntry]:
-    """The leading entries that retention removes (never the last one): those past
+    """The stream's leading entries that retention removes (never the last one): those past
     ``retention.ms`` or ``retention.bytes`` under ``cleanup.policy=delete``, and, whatever the
-    policy, those wholly before ``log_start``, the log start DeleteRecords set."""
+    policy, those wholly before the log start DeleteRecords set.
+
+    The index is read from its front only as far as entries expire (a long log that keeps
+    a week costs one entry or two), except under ``retention.bytes``, which needs the whole
+    log's size first.
+    """
     configs = topic.configs
-    deleting = "delete" in split_list(effective_value(configs, "cleanup.policy", storage))
-    retention_ms = int(effective_value(configs, "retention.ms", storage))
-    retention_bytes = int(effective_value(configs, "retention.bytes", storage))
-    remaining = sum(e.size for e in entries)
+    deleting = "delete" in split_list(effective_value(configs, "cleanup.policy", storage.options))
+    retention_ms = int(effective_value(configs, "retention.ms", storage.options))
+    retention_bytes = int(effective_value(configs, "retention.bytes", storage.options))
+    by_size = deleting and retention_bytes >= 0
+    log_start = await storage.index.recorded_log_start(stream_id)
+    if not (deleting and retention_ms >= 0) and not by_size and log_start == 0:
+        return []  # nothing can expire: no need to read the index
+    if by_size:
+        whole = await storage.index.scan(stream_id)
+        remaining = sum(e.size for e in whole)
+        entries: AsyncIterator[IndexEntry] = _each(whole)
+    else:
+        remaining = 0
+        entries = storage.index.entries(stream_id)
     expired = []
-    for entry in entries[:-1]:
-        newest = max(entry.max_timestamp, entry.created_ms)
-        too_old = deleting and retention_ms >= 0 and newest < now_ms - retention_ms
-        too_big = deleting and retention_bytes >= 0 and remaining - entry.size >= retention_bytes
-        if not (too_old or too_big or entry.end <= log_start):
-            break
-        expired.append(entry)
-        remaining -= entry.size
-    return expired
+    async with contextlib.aclosing(entries):
+        async for entry in entries:
+            newest = max(entry.max_timestamp, entry.created_ms)
+            too_old = deleting and retention_ms >= 0 and newest < now_ms - retention_ms
+            too_big = by_size and remaining - entry.size >= retention_bytes
+            if not (too_old or too_big or entry.end <= log_start):
+                return expired
+            expired.append(entry)
+            remaining -= entry.size
+    return expired[:-1]  # every entry expired: the last stays, holding the log end
+
+
+async def _each(entries: list[IndexEntry]) -> AsyncIterator[IndexEntry]:
+    for entry in entries:
+        yield entry
 
 
 async def enforce(storage: StreamStorage, topic: Topic, now_ms: int) -> int:
     """Remove the topic's expired entries, oldest first; return how many went."""
     removed = 0
     for stream_id in topic.streams:
-        entries = await storage.index.scan(stream_id)
-        log_start = await storage.index.recorded_log_start(stream_id)
-        expired = expired_entries(entries, topic, now_ms, storage.options, log_start)
+        expired = await expired_entries(storage, topic, stream_id, now_ms)
         removed += await storage.offset_index.expire(stream_id, expired)
     return removed
 
@@ -76,9 +92,7 @@ async def plan_expiry(storage: StreamStorage, topic: Topic, now_ms: int) -> Plan
     """The topic's expired entries as one expiry task, or ``None`` when none expired."""
     streams = []
     for partition, stream_id in enumerate(topic.streams):
-        entries = await storage.index.scan(stream_id)
-        log_start = await storage.index.recorded_log_start(stream_id)
-        expired = expired_entries(entries, topic, now_ms, storage.options, log_start)
+        expired = await expired_entries(storage, topic, stream_id, now_ms)
         if expired:
             streams.append(StreamPlan(topic.name, partition, stream_id, tuple(expired)))
     if not streams:

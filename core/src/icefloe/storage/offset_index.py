@@ -149,6 +149,8 @@ class OffsetIndex:
     async def expire(self, stream_id: int, entries: Sequence[IndexEntry]) -> int:
         """Remove ``entries``, which must be the first entries of the stream, oldest first;
         the stream's last entry always stays. Returns how many were removed."""
+        if not entries:
+            return 0
         removed = 0
         last = await self._reader.last_entry(stream_id)
         for entry in entries:
