@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from icefloe import metrics
 from icefloe.compaction.planner import StreamBacklog, plan_task
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
@@ -17,6 +18,7 @@ from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
 from icefloe.storage.records import Record
 from icefloe.topics.registry import TopicRegistry
+from tests.compaction.conftest import opened_parts
 
 
 def records(n: int) -> list[Record]:
@@ -157,3 +159,44 @@ async def test_retention_is_checked_every_retention_check_interval(tmp_path: Pat
 
 async def test_rounds_between_retention_checks_leave_expired_entries(tmp_path: Path) -> None:
     assert await log_start_after_rounds(tmp_path / "seldom", 3600) == 0
+
+
+async def test_after_a_run_the_rest_of_a_stream_far_behind_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs of one task of about 2 KB: six entries of 1 KB take several.
+    config = load_config(
+        env={},
+        overrides={
+            "data_dir": str(tmp_path),
+            "storage": {"flush_interval_ms": 2},
+            "compactor": {"max_task_bytes": 2000, "max_tasks_per_run": 1, "max_runs_in_flight": 1},
+        },
+    )
+    async with opened_parts(config) as (storage, topics, compactor):
+        topic = await topics.create("t", 1)
+        [stream] = topic.streams
+        for _ in range(6):
+            await storage.append(stream, records(10))
+        await compactor.report_backlog()  # sums the stream up once
+        assert await compactor.compact_once(force=True) is not None
+        left = sum(e.record_count for e in await storage.index.scan(stream) if e.in_wal)
+        assert 0 < left < 60, "the run should have taken some entries, not all"
+
+        read_from: list[int] = []
+        entries = storage.index.entries
+
+        def recording_entries(stream_id: int, after_end: int = 0) -> Any:
+            read_from.append(after_end)
+            return entries(stream_id, after_end)
+
+        monkeypatch.setattr(storage.index, "entries", recording_entries)
+        await compactor.report_backlog()
+        assert read_from == [], "the backlog was read again after the run"
+        read_again = await compactor.backlog(topic)  # summed up from the index afresh
+        assert read_again[0] == left
+        kept = (
+            metrics.COMPACTION_BACKLOG_RECORDS.labels("t")._value.get(),
+            metrics.COMPACTION_BACKLOG_BYTES.labels("t")._value.get(),
+        )
+        assert kept == read_again

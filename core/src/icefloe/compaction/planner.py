@@ -85,6 +85,32 @@ class StreamBacklog:
         return True
 
 
+async def backlog_after_run(
+    index: IndexReader, backlog: StreamBacklog, compacted: Sequence[IndexEntry]
+) -> StreamBacklog | None:
+    """``backlog`` without the WAL entries a finished run ``compacted`` (now one data file's
+    entries), or ``None`` when they were not the leading WAL entries it summed up (read the
+    stream again). Reads one entry, the next WAL one, for its age: a stream far behind is not
+    read again whole after each of its runs."""
+    if not compacted or compacted[0].start != backlog.tables_end:
+        return None
+    end = compacted[-1].end
+    if end > backlog.read_end:
+        return None
+    records = backlog.records - sum(e.record_count for e in compacted)
+    size = backlog.size - sum(e.size for e in compacted)
+    oldest_ms = None
+    if end < backlog.read_end:
+        following = index.entries(stream_id=compacted[0].stream_id, after_end=end)
+        async with contextlib.aclosing(following):
+            async for entry in following:
+                if not entry.in_wal:
+                    return None
+                oldest_ms = entry.created_ms
+                break
+    return StreamBacklog(end, backlog.read_end, records, size, oldest_ms)
+
+
 async def read_backlog(
     index: IndexReader, stream_id: int, backlogs: dict[int, StreamBacklog] | None
 ) -> StreamBacklog:

@@ -21,7 +21,14 @@ from icefloe import metrics
 from icefloe.compaction import cleaner, dropping, maintenance, retention
 from icefloe.compaction.committer import Committer, TaskRecord
 from icefloe.compaction.maintenance import TableSettings
-from icefloe.compaction.planner import Plan, StreamBacklog, TaskKind, plan_task, read_backlog
+from icefloe.compaction.planner import (
+    Plan,
+    StreamBacklog,
+    TaskKind,
+    backlog_after_run,
+    plan_task,
+    read_backlog,
+)
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION
@@ -360,10 +367,16 @@ class Compactor:
         try:
             record = await self.committer.finish(await self.committer.start(plan))
         finally:
-            for stream in plan.streams:  # their entries changed, or may have
-                self._backlogs.pop(stream.stream_id, None)
+            # Their entries changed, or may have: summed up again unless known (below).
+            before = {s.stream_id: self._backlogs.pop(s.stream_id, None) for s in plan.streams}
         if plan.kind is TaskKind.COMPACT:
             _count_compacted(plan, record)
+            for stream in plan.streams:
+                backlog = before[stream.stream_id]
+                if backlog is not None and stream.stream_id not in self._backlogs:
+                    kept = await backlog_after_run(self.storage.index, backlog, stream.entries)
+                    if kept is not None:
+                        self._backlogs[stream.stream_id] = kept
         return _progress(record, sum(e.size for s in plan.streams for e in s.entries))
 
     async def report_backlog(self) -> None:
