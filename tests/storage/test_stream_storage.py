@@ -449,6 +449,39 @@ async def test_a_swap_deletes_what_it_replaces_last_first_a_transaction_per_chun
     assert (swapped.start, swapped.end, swapped.location) == (0, 150, piece.location)
 
 
+async def test_a_swapped_entry_keeps_the_newest_write_time_and_each_producers_last_batches(
+    storage: StreamStorage,
+) -> None:
+    stream = await storage.create_stream("s")
+    sequences = {7: 0, 8: 0}
+    for producer in [7, 8, 7, 7, 7, 7, 8, 7, 7]:  # one entry each, two records a batch
+        sent = build_batch(
+            records(2), producer_id=producer, producer_epoch=0, base_sequence=sequences[producer]
+        )
+        await storage.append_batches(stream, sent)
+        sequences[producer] += 2
+    entries = [entry async for entry in storage.offset_index.entries(stream)]
+    assert len(entries) == 9
+    replaced = [keys.index_key(stream, e.end, e.cumulative_size) for e in entries]
+    piece = NewPiece(ParquetLocation("tables/s/data.parquet", 1, ((0, 17),)), 0, 18, 0, 0)
+
+    assert await storage.offset_index.swap(replaced, [piece])
+
+    (swapped,) = [entry async for entry in storage.offset_index.entries(stream)]
+    assert swapped.created_ms == max(e.created_ms for e in entries)
+    kept = [(p.producer_id, p.first_sequence, p.offset_delta) for p in swapped.producers]
+    # Producer 7's last five batches (of seven) and both of 8's, at their offsets in the piece.
+    assert kept == [
+        (7, 4, 6),
+        (7, 6, 8),
+        (7, 8, 10),
+        (7, 10, 14),
+        (7, 12, 16),
+        (8, 0, 2),
+        (8, 2, 12),
+    ]
+
+
 async def test_the_entry_an_append_keeps_in_memory_is_the_one_the_store_holds(
     storage: StreamStorage,
 ) -> None:

@@ -153,11 +153,44 @@ def encode_value(
     return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
 
 
+def _payload(key: str, value: bytes) -> dict[str, Any]:
+    payload = msgpack.unpackb(value, raw=False)
+    if not isinstance(payload, dict):
+        raise CorruptDataError(f"index entry {key!r} is not a map")
+    return payload
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What a compaction swap keeps of each entry it replaces: when its records were written
+    and the idempotent batches in it (:func:`decode_provenance`)."""
+
+    start: int
+    created_ms: int
+    producers: tuple[ProducerBatch, ...]
+
+
+def decode_provenance(key: str, value: bytes) -> Provenance:
+    """:func:`decode` of only what :class:`Provenance` holds: a swap replaces thousands of
+    entries, and building each one's batches and location was most of its cost."""
+    try:
+        _, end, _ = keys.parse_index_key(key)
+        payload = _payload(key, value)
+        if payload.get("v") != FORMAT_VERSION:
+            raise CorruptDataError(f"index entry {key!r} has unknown version {payload.get('v')!r}")
+        producers = tuple(ProducerBatch(*p) for p in payload.get("p", ()))
+        return Provenance(end - payload["n"], payload["at"], producers)
+    except CorruptDataError:
+        raise
+    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptDataError(f"index entry {key!r} cannot be decoded: {exc}") from exc
+
+
 def decode(key: str, value: bytes) -> IndexEntry:
     """Parse an index record; raises :class:`CorruptDataError` if it is not one."""
     try:
         stream_id, end, cumulative = keys.parse_index_key(key)
-        payload = msgpack.unpackb(value, raw=False)
+        payload = _payload(key, value)
         if payload.get("v") != FORMAT_VERSION:
             raise CorruptDataError(f"index entry {key!r} has unknown version {payload.get('v')!r}")
         location: WalLocation | ParquetLocation

@@ -117,7 +117,7 @@ class OffsetIndex:
             for end in (piece.end_offset for piece in pieces[:-1])
         ]
         if index.decode(current.key, current.value).location != pieces[-1].location:
-            entries = await self._entries(replaced)
+            entries = await self._provenance(replaced)
             # When the records were written, not compacted: retention counts from it.
             created_ms = max(e.created_ms for e in entries)
             for key, piece in zip(piece_keys, pieces, strict=False):
@@ -196,14 +196,14 @@ class OffsetIndex:
         await self._metadata.delete_range(*keys.index_range(stream_id))
         await self._metadata.delete(keys.log_start(stream_id))
 
-    async def _entries(self, keys_: Sequence[str]) -> list[IndexEntry]:
-        """The entries still stored under ``keys_``, in key order: one range scan, not a read
-        per key (a run may replace thousands of consecutive entries)."""
+    async def _provenance(self, keys_: Sequence[str]) -> list[index.Provenance]:
+        """What the swap keeps of the entries still stored under ``keys_``, in key order: one
+        range scan, not a read per key (a run may replace thousands of consecutive entries)."""
         wanted = set(keys_)
         if not wanted:
             return []
         return [
-            index.decode(record.key, record.value)
+            index.decode_provenance(record.key, record.value)
             async for record in self._metadata.scan_all(min(wanted), max(wanted) + "\x01")
             if record.key in wanted
         ]
@@ -273,7 +273,9 @@ class NewPiece:
         )
 
 
-def _kept_producer_batches(entries: Sequence[IndexEntry], start: int) -> tuple[ProducerBatch, ...]:
+def _kept_producer_batches(
+    entries: Sequence[index.Provenance], start: int
+) -> tuple[ProducerBatch, ...]:
     """The last few idempotent batches per producer of the replaced entries, with their offset
     deltas moved to the new entry's start."""
     kept: dict[int, list[ProducerBatch]] = {}
