@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from icefloe.compaction.planner import Plan, StreamPlan, TaskKind
 from icefloe.ports.compaction import CompactionTask
@@ -57,11 +57,11 @@ async def expired_entries(
     if by_size:
         whole = await storage.index.scan(stream_id)
         remaining = sum(e.size for e in whole)
-        entries: AsyncIterator[IndexEntry] = _each(whole)
+        entries: AsyncGenerator[IndexEntry, None] = _each(whole)
     else:
         remaining = 0
         entries = storage.index.entries(stream_id)
-    expired = []
+    expired: list[IndexEntry] = []
     async with contextlib.aclosing(entries):
         async for entry in entries:
             newest = max(entry.max_timestamp, entry.created_ms)
@@ -74,7 +74,7 @@ async def expired_entries(
     return expired[:-1]  # every entry expired: the last stays, holding the log end
 
 
-async def _each(entries: list[IndexEntry]) -> AsyncIterator[IndexEntry]:
+async def _each(entries: list[IndexEntry]) -> AsyncGenerator[IndexEntry, None]:
     for entry in entries:
         yield entry
 
