@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.table.update.schema import UpdateSchema
 
 from icefloe.ports.base import PortKind
 from icefloe.ports.object_store import ObjectStore
@@ -85,6 +86,29 @@ class TestIcebergTableFormat(TableFormatContract):
             logger.warning("statistics missing, a warning from outside a commit")
         warnings = [r.getMessage() for r in caplog.records if r.name == logger.name]
         assert warnings == ["statistics missing, a warning from outside a commit"]
+
+    @pytest.mark.asyncio
+    async def test_a_commit_unions_each_schema_of_its_files_into_the_table_once(
+        self,
+        table_format: TableFormat,
+        store: ObjectStore,
+        table: TableSpec,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        unions: list[pa.Schema] = []
+        union_by_name = UpdateSchema.union_by_name
+
+        def counted(update: UpdateSchema, new_schema: Any, *args: Any) -> UpdateSchema:
+            unions.append(new_schema)
+            return union_by_name(update, new_schema, *args)
+
+        monkeypatch.setattr(UpdateSchema, "union_by_name", counted)
+        files = [await self.write_file(store, table, p, range(p * 10, p * 10 + 3)) for p in (0, 1)]
+
+        await table_format.commit(table, 1, files)
+
+        assert len(unions) == 1  # both files have the same columns
+        assert pyiceberg_table(table_format, table).scan().to_arrow().num_rows == 6
 
     @pytest.mark.asyncio
     async def test_expire_drops_old_snapshots(

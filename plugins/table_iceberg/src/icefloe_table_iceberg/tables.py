@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog as PyIcebergCatalog
 from pyiceberg.exceptions import (
@@ -168,34 +169,41 @@ def commit(
     marker = {SEQUENCE_PROPERTY: str(sequence)}
     with table.transaction() as txn:
         txn.set_properties(marker)
-        for url in add_urls:
-            _evolve(txn, table.io, url)
+        _evolve(txn, table.io, add_urls)
         if added or removed:
+            # Each read of it applies the transaction's updates to a deep copy of the metadata.
+            metadata = txn.table_metadata
             snapshot = txn.update_snapshot(snapshot_properties=marker)
             # Public API: Transaction.update_snapshot() → producer. merge_append keeps the
             # manifest count bounded for the common add-only commit; overwrite is the producer
             # that takes explicit deletes (delete_data_file) next to appends, in one snapshot.
             with snapshot.overwrite() if removed else snapshot.merge_append() as files:
                 for url, data_file in zip(add_urls, added, strict=True):
-                    files.append_data_file(_describe(table.io, txn.table_metadata, url, data_file))
+                    files.append_data_file(_describe(table.io, metadata, url, data_file))
                 for url in remove_urls:
                     files.delete_data_file(live[url])
     table.refresh()
     return CommitResult(applied=True, version=version_of(table))
 
 
-def _evolve(txn: Transaction, io: FileIO, url: str) -> None:
+def _evolve(txn: Transaction, io: FileIO, urls: list[str]) -> None:
     """Widen the table's schema, in the commit's own transaction, to cover the columns of the
-    file at ``url``: a schema-backed topic's typed columns appear, and gain fields, as its
+    files at ``urls``: a schema-backed topic's typed columns appear, and gain fields, as its
     schemas evolve. ``union_by_name`` adds optional columns and nested fields (and their
-    name mapping) only; a type the table cannot take is refused, and the commit with it."""
-    with io.new_input(url).open() as stream:
-        schema = pq.read_schema(stream)
-    try:
-        with txn.update_schema() as update:
-            update.union_by_name(schema)
-    except ValidationError as exc:
-        raise ValueError(f"{url} does not fit the table's columns: {exc}") from exc
+    name mapping) only; a type the table cannot take is refused, and the commit with it.
+    Files of one schema (a run's, usually) are unioned once: each union copies the metadata."""
+    unioned: set[pa.Schema] = set()
+    for url in urls:
+        with io.new_input(url).open() as stream:
+            schema = pq.read_schema(stream)
+        if schema in unioned:
+            continue
+        unioned.add(schema)
+        try:
+            with txn.update_schema() as update:
+                update.union_by_name(schema)
+        except ValidationError as exc:
+            raise ValueError(f"{url} does not fit the table's columns: {exc}") from exc
 
 
 class _QuietStatistics:
