@@ -102,3 +102,9 @@ def test_timestamp_range_is_none_without_statistics_or_rows() -> None:
     assert timestamp_range_ms(footer(table, write_statistics=False), "t") is None
     assert timestamp_range_ms(footer(table.slice(0, 0)), "t") is None
     assert timestamp_range_ms(footer(table), "missing") is None
+
+
+def test_timestamp_range_of_nanoseconds_is_cut_to_the_millisecond_of_each_row() -> None:
+    last_of_a_millisecond = pa.array([1_999_999, 1_000_000], pa.timestamp("ns", "UTC"))
+
+    assert timestamp_range_ms(footer(pa.table({"t": last_of_a_millisecond})), "t") == (1, 1)

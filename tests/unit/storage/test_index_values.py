@@ -51,4 +51,3 @@ def test_a_value_it_did_not_write_is_corrupt(
 ) -> None:
     with pytest.raises(CorruptDataError, match="index entry"):
         decode(key, value)
-

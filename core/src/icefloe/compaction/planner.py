@@ -88,10 +88,10 @@ class StreamBacklog:
 async def backlog_after_run(
     index: IndexReader, backlog: StreamBacklog, compacted: Sequence[IndexEntry]
 ) -> StreamBacklog | None:
-    """``backlog`` without the WAL entries a finished run ``compacted`` (now one data file's
-    entries), or ``None`` when they were not the leading WAL entries it summed up (read the
-    stream again). Reads one entry, the next WAL one, for its age: a stream far behind is not
-    read again whole after each of its runs."""
+    """``backlog`` without the WAL entries a finished run ``compacted`` (now in tables), or
+    ``None`` when they were not the leading WAL entries it summed up (read the stream again).
+    Reads one entry, the next WAL one, for its age: a stream far behind is not read again
+    whole after each of its runs."""
     if not compacted or compacted[0].start != backlog.tables_end:
         return None
     end = compacted[-1].end

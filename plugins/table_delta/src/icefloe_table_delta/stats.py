@@ -61,7 +61,7 @@ def stats_json(metadata: pq.FileMetaData) -> str:
         if not all(s.has_min_max for s in chunks):
             continue
         if pa.types.is_timestamp(arrow_type):
-            span = _micros_range(chunks, arrow_type)
+            span = _nanos_range(chunks, arrow_type)
             if span is None:
                 continue
             mins[name], maxes[name] = _millis(span[0], up=False), _millis(span[1], up=True)
@@ -90,10 +90,10 @@ def timestamp_range_ms(metadata: pq.FileMetaData, name: str) -> tuple[int, int] 
     chunks = _statistics(_row_groups(metadata), column)
     if not chunks or not all(s.has_min_max for s in chunks):
         return None
-    span = _micros_range(chunks, arrow_type)
+    span = _nanos_range(chunks, arrow_type)
     if span is None:
         return None
-    return span[0] // 1000, span[1] // 1000
+    return span[0] // 1_000_000, span[1] // 1_000_000
 
 
 def _row_groups(metadata: pq.FileMetaData) -> list[pq.RowGroupMetaData]:
@@ -115,21 +115,17 @@ def _statistics(groups: list[pq.RowGroupMetaData], column: int) -> list[pq.Stati
     return chunks
 
 
-_MICROS_PER: Final = {"s": 1_000_000, "ms": 1_000, "us": 1}
+_NANOS_PER: Final = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
-def _micros_range(chunks: list[pq.Statistics], arrow_type: pa.DataType) -> tuple[int, int] | None:
-    """(min, max) microseconds since the epoch of a timestamp column, from the statistics'
-    stored integers (a ``datetime`` per group costs ten times more); ``None`` if they are not
-    64-bit integers (legacy INT96 timestamps)."""
+def _nanos_range(chunks: list[pq.Statistics], arrow_type: pa.DataType) -> tuple[int, int] | None:
+    """(min, max) nanoseconds since the epoch of a timestamp column, from the statistics'
+    stored integers (a ``datetime`` per group costs ten times more, and drops nanoseconds);
+    ``None`` if they are not 64-bit integers (legacy INT96 timestamps)."""
     if chunks[0].physical_type != "INT64":
         return None
-    low = min(s.min_raw for s in chunks)
-    high = max(s.max_raw for s in chunks)
-    unit = arrow_type.unit
-    if unit == "ns":  # the maximum rounded up, as in _millis
-        return low // 1000, -(-high // 1000)
-    return low * _MICROS_PER[unit], high * _MICROS_PER[unit]
+    scale = _NANOS_PER[arrow_type.unit]
+    return min(s.min_raw for s in chunks) * scale, max(s.max_raw for s in chunks) * scale
 
 
 def _column_index(metadata: pq.FileMetaData, name: str) -> int | None:
@@ -139,12 +135,12 @@ def _column_index(metadata: pq.FileMetaData, name: str) -> int | None:
     return None
 
 
-def _millis(micros: int, *, up: bool) -> str:
+def _millis(nanos: int, *, up: bool) -> str:
     """A Delta stats timestamp: ISO-8601 with milliseconds, in UTC.
 
     Delta keeps milliseconds only; the maximum is rounded *up* so that a reader skipping files
     by ``max < x`` never skips one holding a row in the last, truncated millisecond.
     """
-    millis = -(-micros // 1000) if up else micros // 1000
+    millis = -(-nanos // 1_000_000) if up else nanos // 1_000_000
     value = _EPOCH + datetime.timedelta(milliseconds=millis)
     return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
