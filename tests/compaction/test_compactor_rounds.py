@@ -74,14 +74,7 @@ async def test_a_round_reads_only_the_entries_written_since_the_last(
     assert await plan_task(storage.index, [topic], options, now, backlogs=backlogs) is None
     assert (backlogs[stream].records, backlogs[stream].read_end) == (30, 30)
 
-    read_from: list[int] = []
-    entries = storage.index.entries
-
-    def recording_entries(stream_id: int, after_end: int = 0) -> Any:
-        read_from.append(after_end)
-        return entries(stream_id, after_end)
-
-    monkeypatch.setattr(storage.index, "entries", recording_entries)
+    read_from = record_index_reads(storage, monkeypatch)
     assert await plan_task(storage.index, [topic], options, now, backlogs=backlogs) is None
     assert read_from == [], "nothing was written, yet the round read the index"
     await storage.append(stream, records(10))
@@ -183,14 +176,7 @@ async def test_after_a_run_the_rest_of_a_stream_far_behind_is_not_read_again(
         left = sum(e.record_count for e in await storage.index.scan(stream) if e.in_wal)
         assert 0 < left < 60, "the run should have taken some entries, not all"
 
-        read_from: list[int] = []
-        entries = storage.index.entries
-
-        def recording_entries(stream_id: int, after_end: int = 0) -> Any:
-            read_from.append(after_end)
-            return entries(stream_id, after_end)
-
-        monkeypatch.setattr(storage.index, "entries", recording_entries)
+        read_from = record_index_reads(storage, monkeypatch)
         await compactor.report_backlog()
         assert read_from == [], "the backlog was read again after the run"
         read_again = await compactor.backlog(topic)  # summed up from the index afresh
@@ -200,3 +186,16 @@ async def test_after_a_run_the_rest_of_a_stream_far_behind_is_not_read_again(
             metrics.COMPACTION_BACKLOG_BYTES.labels("t")._value.get(),
         )
         assert kept == read_again
+
+
+def record_index_reads(storage: StreamStorage, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the ``after_end`` of every read of the index's entries, in order."""
+    read_from: list[int] = []
+    entries = storage.index.entries
+
+    def recording_entries(stream_id: int, after_end: int = 0) -> Any:
+        read_from.append(after_end)
+        return entries(stream_id, after_end)
+
+    monkeypatch.setattr(storage.index, "entries", recording_entries)
+    return read_from

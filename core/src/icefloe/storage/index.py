@@ -151,11 +151,22 @@ def encode_value(
     return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
 
 
+_UNDECODABLE: Final = (ValueError, KeyError, TypeError, msgpack.UnpackException)
+"""What a malformed key or value raises while it is taken apart (CorruptDataError is none)."""
+
+
 def _payload(key: str, value: bytes) -> dict[str, Any]:
+    """The value's fields, checked to be a map of the format this module writes."""
     payload = msgpack.unpackb(value, raw=False)
     if not isinstance(payload, dict):
         raise CorruptDataError(f"index entry {key!r} is not a map")
+    if payload.get("v") != FORMAT_VERSION:
+        raise CorruptDataError(f"index entry {key!r} has unknown version {payload.get('v')!r}")
     return payload
+
+
+def _undecodable(key: str, exc: Exception) -> CorruptDataError:
+    return CorruptDataError(f"index entry {key!r} cannot be decoded: {exc}")
 
 
 class Provenance(NamedTuple):
@@ -173,14 +184,10 @@ def decode_provenance(key: str, value: bytes) -> Provenance:
     try:
         _, end, _ = keys.parse_index_key(key)
         payload = _payload(key, value)
-        if payload.get("v") != FORMAT_VERSION:
-            raise CorruptDataError(f"index entry {key!r} has unknown version {payload.get('v')!r}")
         producers = tuple(ProducerBatch(*p) for p in payload.get("p", ()))
         return Provenance(end - payload["n"], payload["at"], producers)
-    except CorruptDataError:
-        raise
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
-        raise CorruptDataError(f"index entry {key!r} cannot be decoded: {exc}") from exc
+    except _UNDECODABLE as exc:
+        raise _undecodable(key, exc) from exc
 
 
 def decode(key: str, value: bytes) -> IndexEntry:
@@ -188,14 +195,12 @@ def decode(key: str, value: bytes) -> IndexEntry:
     try:
         stream_id, end, cumulative = keys.parse_index_key(key)
         payload = _payload(key, value)
-        if payload.get("v") != FORMAT_VERSION:
-            raise CorruptDataError(f"index entry {key!r} has unknown version {payload.get('v')!r}")
         location: WalLocation | ParquetLocation
         if "wal" in payload:
             location = WalLocation(*payload["wal"])
         else:
-            key, size, groups = payload["pq"]
-            location = ParquetLocation(key, size, tuple((g[0], g[1]) for g in groups))
+            file_key, size, groups = payload["pq"]
+            location = ParquetLocation(file_key, size, tuple((g[0], g[1]) for g in groups))
         min_ts, max_ts = payload["ts"]
         return IndexEntry(
             stream_id=stream_id,
@@ -209,7 +214,5 @@ def decode(key: str, value: bytes) -> IndexEntry:
             batches=tuple(BatchRef(*b) for b in payload["b"]),
             producers=tuple(ProducerBatch(*p) for p in payload.get("p", ())),
         )
-    except CorruptDataError:
-        raise
-    except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
-        raise CorruptDataError(f"index entry {key!r} cannot be decoded: {exc}") from exc
+    except _UNDECODABLE as exc:
+        raise _undecodable(key, exc) from exc
