@@ -89,6 +89,18 @@ def broker_pids(running: RunningIcefloe) -> list[int]:
     return sorted(brokers)
 
 
+def compactor_pids(broker: int) -> list[int]:
+    """Process ids of the processes a broker process started: its compactor's (whose own
+    compaction workers are not counted)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{broker}/task").glob("*"):
+        try:
+            children.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return sorted(children)
+
+
 PORT_ATTEMPTS = 3
 
 

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Final
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
@@ -107,47 +114,75 @@ METADATA_FAILURES: Final = Counter(
 
 # --- compaction and tables ----------------------------------------------------------------------
 
+COMPACTION: Final = CollectorRegistry(auto_describe=True)
+"""What compaction counts. It may run in a process of its own beside the broker's
+(:mod:`icefloe.broker.compactor_process`), which then reports these for the broker to export:
+they are exported as a source (below), so that the broker's values and its compactor's add up
+into one family each."""
+
 TABLE_COMMIT_SECONDS: Final = Histogram(
     "icefloe_table_commit_seconds",
     "Commits of compacted files to a lakehouse table, by format",
     ["format"],
     buckets=_LATENCY_BUCKETS,
+    registry=COMPACTION,
 )
 TABLE_COMMIT_FAILURES: Final = Counter(
-    "icefloe_table_commit_failures", "Table commits that failed (retried later)", ["format"]
+    "icefloe_table_commit_failures",
+    "Table commits that failed (retried later)",
+    ["format"],
+    registry=COMPACTION,
 )
 COMPACTED_BYTES: Final = Counter(
-    "icefloe_compacted_wal_bytes", "WAL bytes compacted into Parquet", ["topic"]
+    "icefloe_compacted_wal_bytes",
+    "WAL bytes compacted into Parquet",
+    ["topic"],
+    registry=COMPACTION,
 )
 COMPACTED_PARQUET_BYTES: Final = Counter(
-    "icefloe_compacted_parquet_bytes", "Parquet bytes written by compaction", ["topic"]
+    "icefloe_compacted_parquet_bytes",
+    "Parquet bytes written by compaction",
+    ["topic"],
+    registry=COMPACTION,
 )
 DEAD_LETTERS: Final = Counter(
     "icefloe_dead_letters",
     "Records of a schema-backed topic compaction could not decode into typed columns (kept "
     "raw, with the reason in <side>_error)",
     ["topic"],
+    registry=COMPACTION,
 )
 COMPACTOR_OPEN: Final = Gauge(
     "icefloe_compactor_open",
-    "1 once this broker's compaction engine and table formats are open (it then competes for "
-    "the compaction lease); 0 before, while a backend cannot be opened, and with compaction off",
+    "1 once this broker's compactor has opened its compaction engine and table formats (it "
+    "then competes for the compaction lease); 0 before, while a backend cannot be opened, while "
+    "its process restarts, and with compaction off",
+    registry=COMPACTION,
+)
+COMPACTOR_RESTARTS: Final = Counter(
+    "icefloe_compactor_restarts",
+    "Times this broker started its compactor's process again after it died",
+    registry=COMPACTION,
 )
 COMPACTION_BACKLOG_BYTES: Final = Gauge(
     "icefloe_compaction_backlog_bytes",
     "WAL bytes waiting for compaction, per topic (set by the compaction leader)",
     ["topic"],
+    registry=COMPACTION,
 )
 COMPACTION_BACKLOG_RECORDS: Final = Gauge(
     "icefloe_compaction_backlog_records",
     "Records waiting for compaction, per topic (set by the compaction leader)",
     ["topic"],
+    registry=COMPACTION,
 )
 COMPACTION_BACKLOG_AGE: Final = Gauge(
     "icefloe_compaction_backlog_age_seconds",
     "Age of the oldest WAL entry waiting for compaction, per topic",
     ["topic"],
+    registry=COMPACTION,
 )
+
 # --- the process --------------------------------------------------------------------------------
 
 EVENT_LOOP_LAG: Final = Histogram(
@@ -221,6 +256,7 @@ def _summed(samples: list[Sample]) -> list[Sample]:
 
 _SOURCES: Final = _Sources()
 REGISTRY.register(_SOURCES)
+_SOURCES.add(COMPACTION.collect)
 
 
 def add_source(source: Source) -> Callable[[], None]:
@@ -236,3 +272,25 @@ def counter(name: str, documentation: str, labels: list[str]) -> CounterMetricFa
 def gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:
     """An empty gauge family for a source."""
     return GaugeMetricFamily(name, documentation, labels=labels)
+
+
+def object_store_families(stats: Mapping[str, Mapping[str, Mapping[str, int]]]) -> list[Metric]:
+    """The object-store request and byte counters of ``stats``: snapshots of request counters
+    (``{"requests": {"PUT": n, …}, "bytes": {…}}``) by who sent the requests (``broker``,
+    ``compaction``)."""
+    requests = counter(
+        "icefloe_object_store_requests",
+        "Requests sent to the object store, by the broker or by its compaction",
+        ["kind", "by"],
+    )
+    moved = counter(
+        "icefloe_object_store_bytes",
+        "Payload bytes moved to (PUT) and from (GET) the object store",
+        ["kind", "by"],
+    )
+    for by, counted in stats.items():
+        for kind, count in counted["requests"].items():
+            requests.add_metric([kind, by], count)
+        for kind, count in counted["bytes"].items():
+            moved.add_metric([kind, by], count)
+    return [requests, moved]

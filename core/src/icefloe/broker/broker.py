@@ -7,9 +7,11 @@ import contextlib
 import logging
 import random
 import ssl
+from collections.abc import Callable
 from typing import Self
 
 from icefloe import metrics
+from icefloe.broker.compactor_process import CompactorProcess
 from icefloe.broker.event_loop import running_loop_name
 from icefloe.broker.memory import ByteBudget, client_data_bytes
 from icefloe.broker.observability import OperatorEndpoints
@@ -17,7 +19,7 @@ from icefloe.broker.quotas import QuotaManager
 from icefloe.broker.server import KafkaServer, Listener
 from icefloe.broker.stalls import StallDetector
 from icefloe.cluster import BrokerInfo, Cluster
-from icefloe.compaction.service import Compactor
+from icefloe.compaction.service import Compactor, open_when_reachable
 from icefloe.config import Config
 from icefloe.config.broker import BrokerOptions
 from icefloe.errors import ConfigError, IcefloeError
@@ -34,10 +36,6 @@ from icefloe.topics.registry import TopicRegistry
 from icefloe.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
-
-COMPACTOR_RETRY_FIRST_S = 1.0
-COMPACTOR_RETRY_MAX_S = 60.0
-"""Back-off between attempts to open the compactor's backends (a table catalog may be down)."""
 
 
 class Broker:
@@ -79,6 +77,9 @@ class Broker:
         self._stall_watch: asyncio.Task[None] | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._compactor: Compactor | None = None
+        """The compactor, when it runs in this process (``[compactor] own_process = false``)."""
+        self._compactor_process: CompactorProcess | None = None
+        self._remove_compactor_source: Callable[[], None] | None = None
         self._compaction: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -89,8 +90,14 @@ class Broker:
 
     @property
     def compactor(self) -> Compactor | None:
-        """This broker's compactor (it compacts while it holds the compaction lease)."""
+        """This broker's compactor, if it runs in the broker's process (it compacts while it
+        holds the compaction lease)."""
         return self._compactor
+
+    @property
+    def compactor_process(self) -> CompactorProcess | None:
+        """The process this broker's compactor runs in, if it has one of its own."""
+        return self._compactor_process
 
     @property
     def me(self) -> BrokerInfo:
@@ -159,7 +166,14 @@ class Broker:
             Compactor.check(self.config)  # a wrong backend or option fails the start
             # Opening the table formats imports their SDKs, which takes seconds: clients are
             # served meanwhile (compaction only ever runs behind them).
-            self._compaction = asyncio.create_task(self._compact(), name="compactor")
+            if self.config.compactor.own_process:
+                self._compactor_process = CompactorProcess(self.config)
+                self._remove_compactor_source = metrics.add_source(self._compactor_process.families)
+                self._compaction = asyncio.create_task(
+                    self._compactor_process.run(self._stopping), name="compactor-process"
+                )
+            else:
+                self._compaction = asyncio.create_task(self._compact(), name="compactor")
         log.info(
             "broker %d listening on %s:%d (event loop: %s)",
             info.node_id,
@@ -172,16 +186,9 @@ class Broker:
     async def _compact(self) -> None:
         """Open the compactor, retrying while a backend cannot be reached, then let it compete
         for the compaction lease until the broker stops."""
-        delay = COMPACTOR_RETRY_FIRST_S
-        while not self._stopping.is_set():
-            try:
-                self._compactor = await Compactor.open(self.config, self.storage, self.topics)
-                break
-            except Exception as exc:  # noqa: BLE001 - an SDK's own errors (a catalog's HTTP client)
-                log.error("compaction cannot start: %s; trying again in %.0f s", exc, delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
-            delay = min(delay * 2, COMPACTOR_RETRY_MAX_S)
+        self._compactor = await open_when_reachable(
+            self.config, self.storage, self.topics, self._stopping
+        )
         if self._compactor is not None:
             metrics.COMPACTOR_OPEN.set(1)
             await self._compactor.run(self._stopping)
@@ -229,6 +236,8 @@ class Broker:
         self._stopping.set()
         if self._compaction is not None:
             await self._compaction
+        if self._remove_compactor_source is not None:
+            self._remove_compactor_source()
         if self._compactor is not None:
             metrics.COMPACTOR_OPEN.set(0)
             await self._compactor.close()

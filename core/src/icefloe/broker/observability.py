@@ -210,23 +210,8 @@ class OperatorEndpoints:
         used.add_metric([], memory.used)
         limit = metrics.gauge("icefloe_memory_limit_bytes", "Broker memory budget ([broker])")
         limit.add_metric([], memory.limit)
-        requests = metrics.counter(
-            "icefloe_object_store_requests",
-            "Requests sent to the object store, by the broker or by its compaction tasks",
-            ["kind", "by"],
-        )
-        moved = metrics.counter(
-            "icefloe_object_store_bytes",
-            "Payload bytes moved to (PUT) and from (GET) the object store",
-            ["kind", "by"],
-        )
-        for by, stats in self._request_stats().items():
-            counted = stats.snapshot()
-            for kind, count in counted["requests"].items():
-                requests.add_metric([kind, by], count)
-            for kind, count in counted["bytes"].items():
-                moved.add_metric([kind, by], count)
-        return [used, limit, requests, moved]
+        stats = {by: counted.snapshot() for by, counted in self._request_stats().items()}
+        return [used, limit, *metrics.object_store_families(stats)]
 
     def _request_stats(self) -> dict[str, RequestStats]:
         stats = {"broker": self._broker.storage.object_store.stats}

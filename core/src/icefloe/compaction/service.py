@@ -48,6 +48,9 @@ REWRITES_PER_ROUND: Final = 16
 """Merges of small files per maintenance round; the rest wait for the next one."""
 BACKLOG_REPORT_INTERVAL_S: Final = 10.0
 """How often the compaction leader sets the backlog gauges."""
+OPEN_RETRY_FIRST_S: Final = 1.0
+OPEN_RETRY_MAX_S: Final = 60.0
+"""Back-off between attempts to open the compactor's backends (a table catalog may be down)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +428,25 @@ class Compactor:
         if topic is None:
             return int(self._options.history_retention_s * 1000)
         return TableSettings.of(topic, self._options).history_ms
+
+
+async def open_when_reachable(
+    config: configuration.Config,
+    storage: StreamStorage,
+    topics: TopicRegistry,
+    stopping: asyncio.Event,
+) -> Compactor | None:
+    """Open the configured compactor, trying again after a back-off while one of its backends
+    cannot be reached; ``None`` if ``stopping`` is set first."""
+    delay = OPEN_RETRY_FIRST_S
+    while not stopping.is_set():
+        try:
+            return await Compactor.open(config, storage, topics)
+        except Exception as exc:  # noqa: BLE001 - an SDK's own errors (a catalog's HTTP client)
+            log.error("compaction cannot start: %s; trying again in %.0f s", exc, delay)
+        await _sleep_until(stopping, delay)
+        delay = min(delay * 2, OPEN_RETRY_MAX_S)
+    return None
 
 
 def _count_compacted(plan: Plan, record: TaskRecord) -> None:

@@ -27,6 +27,10 @@ class CompactorOptions(BaseModel):
 
     enabled: bool = True
     """Brokers of `icefloe serve` compact in the background (one of them at a time)."""
+    own_process: bool = True
+    """Each broker runs its compactor in a process of its own, at a lower CPU priority, so
+    that compaction never holds up the broker's clients (it costs the memory of one more
+    Python process per broker); false runs it inside the broker's process."""
     interval_s: float = Field(default=5.0, gt=0)
     """How often the compaction leader looks for work."""
     min_age_s: float = Field(default=2.0, ge=0)
