@@ -3,7 +3,8 @@
 The compaction leader's own work (planning, table commits, file statistics, index swaps) is
 Python that holds the interpreter lock for milliseconds at a time; inside the broker's process
 every client would wait for it. In a process of its own it runs on another core, or, on a
-busy machine, at a lower CPU priority (:data:`NICENESS`) than the broker serving clients.
+busy machine, at a lower CPU priority (:data:`NICENESS`) than the broker serving clients: it
+may use every core the broker could before it was pinned to one.
 
 The broker starts the process, starts it again when it dies (after a back-off) and stops it
 when it stops. The process stops by itself once its broker is gone: the pipe between them
@@ -35,6 +36,7 @@ from icefloe.broker.event_loop import event_loop_factory
 from icefloe.broker.long_lived import freeze_long_lived
 from icefloe.compaction.service import Compactor, open_when_reachable
 from icefloe.config import Config
+from icefloe.cpu_affinity import cores_before_pinning, use_cores
 from icefloe.ports.object_store import RequestStats
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
@@ -126,7 +128,9 @@ class CompactorProcess:
     async def _start(self) -> None:
         pipe, child_end = _SPAWN.Pipe()
         process = _SPAWN.Process(
-            target=run_compactor, args=(self._config, child_end), name="compactor"
+            target=run_compactor,
+            args=(self._config, child_end, cores_before_pinning()),
+            name="compactor",
         )
         await asyncio.to_thread(process.start)
         child_end.close()  # only the child holds it now: its death shows here as end of file
@@ -189,9 +193,15 @@ async def _first_set(stopping: asyncio.Event, exited: Coroutine[Any, Any, None])
 # --- the compactor's process ------------------------------------------------------------------
 
 
-def run_compactor(config: Config, pipe: Connection) -> None:
+def run_compactor(config: Config, pipe: Connection, cores: frozenset[int] | None) -> None:
     """Body of the compactor's process: compete for the compaction lease and compact while it
-    holds it, until SIGTERM or SIGINT, or until the broker that started it is gone."""
+    holds it, until SIGTERM or SIGINT, or until the broker that started it is gone.
+
+    Args:
+        cores: Where it may run: every core the broker had before it was pinned to one
+            (``None``: the broker was not pinned), not the broker's core only.
+    """
+    use_cores(cores)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s compactor[%(process)d] %(message)s")
     with contextlib.suppress(OSError):  # a priority it may not lower is no reason not to run
         os.nice(NICENESS)
