@@ -9,12 +9,11 @@ the two-core machine of docs/performance.md, 7-9 µs on the same core). The thre
 turns holding the GIL anyway, so a second core gains them little: on one core, the same broker
 took the Java producer's records about a quarter faster with a quarter less CPU, and served
 catch-up reads from Parquet with a sixth less CPU. Each broker of a host gets its own core (the
-``index``-th of those the process may use), as in thread-per-core designs. The broker's own part
-of compaction (planning, the saga's records, the index swap, table commits) shares that core.
+``index``-th of those the process may use), as in thread-per-core designs.
 
-What a pinned broker starts to do heavy work of its own (compaction worker processes, Spark's
-JVM) is given every core back: :func:`cores_before_pinning`, :func:`use_cores`,
-:func:`unpinned`.
+What a pinned broker starts to do heavy work of its own (its compactor's process, compaction
+worker processes, Spark's JVM) is given every core back: :func:`cores_before_pinning`,
+:func:`use_cores`, :func:`unpinned`.
 """
 
 from __future__ import annotations

@@ -78,7 +78,6 @@ class Broker:
         self._maintenance: asyncio.Task[None] | None = None
         self._compactor: Compactor | None = None
         """The compactor, when it runs in this process (``[compactor] own_process = false``)."""
-        self._compactor_process: CompactorProcess | None = None
         self._remove_compactor_source: Callable[[], None] | None = None
         self._compaction: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -93,11 +92,6 @@ class Broker:
         """This broker's compactor, if it runs in the broker's process (it compacts while it
         holds the compaction lease)."""
         return self._compactor
-
-    @property
-    def compactor_process(self) -> CompactorProcess | None:
-        """The process this broker's compactor runs in, if it has one of its own."""
-        return self._compactor_process
 
     @property
     def me(self) -> BrokerInfo:
@@ -167,10 +161,10 @@ class Broker:
             # Opening the table formats imports their SDKs, which takes seconds: clients are
             # served meanwhile (compaction only ever runs behind them).
             if self.config.compactor.own_process:
-                self._compactor_process = CompactorProcess(self.config)
-                self._remove_compactor_source = metrics.add_source(self._compactor_process.families)
+                process = CompactorProcess(self.config)
+                self._remove_compactor_source = metrics.add_source(process.families)
                 self._compaction = asyncio.create_task(
-                    self._compactor_process.run(self._stopping), name="compactor-process"
+                    process.run(self._stopping), name="compactor-process"
                 )
             else:
                 self._compaction = asyncio.create_task(self._compact(), name="compactor")

@@ -36,7 +36,7 @@ from icefloe.broker.event_loop import event_loop_factory
 from icefloe.broker.long_lived import freeze_long_lived
 from icefloe.compaction.service import Compactor, open_when_reachable
 from icefloe.config import Config
-from icefloe.cpu_affinity import cores_before_pinning, use_cores
+from icefloe.cpu_affinity import unpinned
 from icefloe.ports.object_store import RequestStats
 from icefloe.storage.engine import StreamStorage
 from icefloe.topics.registry import TopicRegistry
@@ -72,30 +72,28 @@ class CompactorProcess:
         """Held by a scrape while it waits for an answer, and by whoever replaces the pipe."""
         self._asked = 0
 
-    @property
-    def pid(self) -> int | None:
-        """The process's id while it runs."""
-        process = self._process
-        return process.pid if process is not None and process.is_alive() else None
-
     async def run(self, stopping: asyncio.Event) -> None:
         """Run the compactor's process until ``stopping`` is set, starting it again each time
         it dies; then stop it."""
         delay = RESTART_FIRST_S
         try:
             while True:
-                await self._start()
                 started = time.monotonic()
-                if await _first_set(stopping, self._exited()):
-                    return
-                if time.monotonic() - started >= STABLE_AFTER_S:
-                    delay = RESTART_FIRST_S
-                assert self._process is not None
-                log.warning(
-                    "the compactor's process exited (status %s); starting it again in %.0f s",
-                    self._process.exitcode,
-                    delay,
-                )
+                try:
+                    await self._start()
+                except OSError as exc:  # out of processes or memory: try again later
+                    log.error("cannot start the compactor's process: %s", exc)
+                else:
+                    if await _first_set(stopping, self._exited()):
+                        return
+                    assert self._process is not None
+                    if time.monotonic() - started >= STABLE_AFTER_S:
+                        delay = RESTART_FIRST_S
+                    log.warning(
+                        "the compactor's process exited (status %s); starting it again in %.0f s",
+                        self._process.exitcode,
+                        delay,
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), delay)
                 if stopping.is_set():
@@ -129,11 +127,16 @@ class CompactorProcess:
         pipe, child_end = _SPAWN.Pipe()
         process = _SPAWN.Process(
             target=run_compactor,
-            args=(self._config, child_end, cores_before_pinning()),
+            args=(self._config, child_end),
             name="compactor",
         )
-        await asyncio.to_thread(process.start)
-        child_end.close()  # only the child holds it now: its death shows here as end of file
+        try:
+            await asyncio.to_thread(_start_unpinned, process)
+        except BaseException:
+            pipe.close()
+            raise
+        finally:
+            child_end.close()  # only the child holds it now: its death shows here as end of file
         await asyncio.to_thread(self._replace, process, pipe)
 
     async def _exited(self) -> None:
@@ -193,15 +196,16 @@ async def _first_set(stopping: asyncio.Event, exited: Coroutine[Any, Any, None])
 # --- the compactor's process ------------------------------------------------------------------
 
 
-def run_compactor(config: Config, pipe: Connection, cores: frozenset[int] | None) -> None:
-    """Body of the compactor's process: compete for the compaction lease and compact while it
-    holds it, until SIGTERM or SIGINT, or until the broker that started it is gone.
+def _start_unpinned(process: BaseProcess) -> None:
+    """Start ``process`` on every core the broker had before it was pinned to one, its imports
+    included: the calling thread's cores are what it inherits."""
+    with unpinned():
+        process.start()
 
-    Args:
-        cores: Where it may run: every core the broker had before it was pinned to one
-            (``None``: the broker was not pinned), not the broker's core only.
-    """
-    use_cores(cores)
+
+def run_compactor(config: Config, pipe: Connection) -> None:
+    """Body of the compactor's process: compete for the compaction lease and compact while it
+    holds it, until SIGTERM or SIGINT, or until the broker that started it is gone."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s compactor[%(process)d] %(message)s")
     with contextlib.suppress(OSError):  # a priority it may not lower is no reason not to run
         os.nice(NICENESS)
