@@ -1,8 +1,8 @@
 """A server's CPU time and peak memory, read from /proc (Linux only).
 
 A server is a set of root processes (Kafka's one JVM; Icefloe's broker processes) together
-with every process they started (Icefloe's compaction workers), because all of that is work
-the server does for its clients.
+with every process they started (Icefloe's compactor processes and their compaction workers),
+because all of that is work the server does for its clients.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def server_cpu_seconds(roots: Iterable[int]) -> float:
 
 def broker_cpu_seconds(roots: Iterable[int]) -> float:
     """CPU seconds the root processes alone have used so far: what serves the clients, without
-    Icefloe's compaction workers (for Kafka, the same as :func:`server_cpu_seconds`)."""
+    Icefloe's compactor processes and compaction workers (for Kafka, the same as
+    :func:`server_cpu_seconds`)."""
     return sum(own_cpu_seconds(pid) for pid in roots)
 
 
