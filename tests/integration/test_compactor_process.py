@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_metrics import create_topic, produce
-from tests.support.broker import RunningIcefloe, broker_pids, compactor_pids, start_icefloe
+from tests.support.broker import RunningIcefloe, broker_pids, child_pids, start_icefloe
 from tests.support.metrics import scrape, total
 
 COMPACT_SOON = {
@@ -68,7 +68,7 @@ def test_the_compactor_runs_beside_its_broker_at_a_lower_priority_and_ends_with_
     [url] = running.metrics_urls
     [broker] = broker_pids(running)
     wait_for(lambda: compactor_open(url), "the compactor opened")
-    [compactor] = compactor_pids(broker)
+    [compactor] = child_pids(broker)
     assert niceness(compactor) == niceness(broker) + 10
     # The broker is pinned to one core, its compactor is not: it may use the others.
     assert os.sched_getaffinity(compactor) == os.sched_getaffinity(0)
@@ -89,7 +89,7 @@ def test_a_killed_compactor_is_started_again_and_compacts(running: RunningIceflo
     [url] = running.metrics_urls
     [broker] = broker_pids(running)
     wait_for(lambda: compactor_open(url), "the compactor opened")
-    [first] = compactor_pids(broker)
+    [first] = child_pids(broker)
     create_topic(running.bootstrap, "events")
 
     os.kill(first, signal.SIGKILL)
@@ -97,7 +97,7 @@ def test_a_killed_compactor_is_started_again_and_compacts(running: RunningIceflo
     produce(running.bootstrap, "events", 500)
     wait_for(lambda: compacted_bytes(url, "events") > 0, "the new compactor compacted")
 
-    [second] = compactor_pids(broker)
+    [second] = child_pids(broker)
     assert second != first
     assert total(scrape(url), "icefloe_compactor_restarts_total") == 1
     assert broker_pids(running) == [broker]  # the broker served on, untouched
@@ -109,7 +109,7 @@ def test_serve_stops_its_compactors_with_their_brokers(tmp_path: Path) -> None:
     try:
         for url in running.metrics_urls:
             wait_for(lambda url=url: compactor_open(url), "every compactor opened")
-        compactors = [c for b in broker_pids(running) for c in compactor_pids(b)]
+        compactors = [c for b in broker_pids(running) for c in child_pids(b)]
         assert len(compactors) == 2
     finally:
         assert running.stop() == 0

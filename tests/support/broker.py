@@ -89,11 +89,11 @@ def broker_pids(running: RunningIcefloe) -> list[int]:
     return sorted(brokers)
 
 
-def compactor_pids(broker: int) -> list[int]:
-    """Process ids of the processes a broker process started: its compactor's (whose own
-    compaction workers are not counted)."""
+def child_pids(pid: int) -> list[int]:
+    """Process ids of the processes ``pid`` started (from any of its threads): a broker's
+    compactor process, or a compactor's workers."""
     children: list[int] = []
-    for task in Path(f"/proc/{broker}/task").glob("*"):
+    for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             children.extend(int(c) for c in (task / "children").read_text().split())
         except OSError:

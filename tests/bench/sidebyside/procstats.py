@@ -11,6 +11,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from tests.support.broker import child_pids
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -23,18 +25,8 @@ def process_tree(roots: Iterable[int]) -> list[int]:
         if pid in seen or not Path(f"/proc/{pid}").exists():
             continue
         seen.append(pid)
-        pending.extend(_children(pid))
+        pending.extend(child_pids(pid))
     return sorted(seen)
-
-
-def _children(pid: int) -> list[int]:
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children.extend(int(c) for c in (task / "children").read_text().split())
-        except OSError:
-            continue
-    return children
 
 
 def cpu_seconds(pid: int) -> float:
