@@ -24,7 +24,10 @@ def config(tmp_path: Path, request: pytest.FixtureRequest) -> Config:
     """Storage on the embedded default; a test parametrizes it indirectly with more settings."""
     more = getattr(request, "param", {})
     # A deadline a loaded machine's commits meet; the orphan test waits out the grace period.
-    return storage_config(tmp_path, commit_deadline_s=2.0, orphan_grace_s=2.5, **more)
+    # Reads after a swap take the data files, which these tests are about, not the WAL
+    # entries the swap replaced (test_replaced_wal_reads.py).
+    settings = {"commit_deadline_s": 2.0, "orphan_grace_s": 2.5, "replaced_wal_reads_s": 0}
+    return storage_config(tmp_path, **settings | more)
 
 
 Parts = tuple[StreamStorage, TopicRegistry, Compactor]

@@ -76,6 +76,12 @@ class StorageOptions(BaseModel):
     without renewing its lease; after a crash, another process takes over twice this later."""
     orphan_grace_s: float = Field(default=600.0, gt=0)
     """Unreferenced WAL objects older than this are deleted. Must exceed the commit deadline."""
+    replaced_wal_reads_s: float = Field(default=300.0, ge=0)
+    """For how long after compaction replaced WAL entries this broker has cached a read of
+    their records still takes the producer's bytes from the WAL object rather than rebuild
+    them from the data file (0: never). Keep it below ``orphan_grace_s``: past that, the
+    objects are deleted, and each read that finds one gone costs a failed request; at most
+    half of it is used."""
 
     def flush_profile(self, billed_per_append: bool) -> FlushProfile:
         """The profile in force for a WAL that is, or is not, billed per append."""

@@ -70,7 +70,9 @@ class StreamStorage:
         self.wal = wal
         self.options = options
         self._owned = list(owned)
-        self.index = IndexReader(metadata, options.index_cache_entries)
+        # Half the grace period at most: a swap may come well after its objects were written.
+        keep_replaced_s = min(options.replaced_wal_reads_s, options.orphan_grace_s / 2)
+        self.index = IndexReader(metadata, options.index_cache_entries, keep_replaced_s)
         self.offset_index = OffsetIndex(metadata, self.index)
         """The only writer of index entries (the writer, compaction and retention use it)."""
         self._recent = RecentWalObjects(options.wal_cache_bytes)

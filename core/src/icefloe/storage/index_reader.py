@@ -4,7 +4,9 @@ Index entries are immutable once appended (compaction replaces them under new ke
 the old ones), so a cached entry is valid until a DELETE notification or a RESET evicts it. The
 cache is never trusted for *absence*: an offset at or beyond what the cache knows is always
 looked up in the metadata store, so a read after a produce acknowledgement sees the records
-even before the notification arrives (read-your-writes).
+even before the notification arrives (read-your-writes). Cached WAL entries that compaction
+replaced are kept aside for a while (:mod:`icefloe.storage.replaced`), within the same
+capacity.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from icefloe.keyspace import STREAMS
 from icefloe.ports.metadata import EventKind, Follower, MetadataStore, WatchEvent
 from icefloe.storage import index, keys
 from icefloe.storage.index import IndexEntry
+from icefloe.storage.replaced import ReplacedWalEntries
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +69,26 @@ class _StreamCache:
         self.versions.insert(i, version)
         return True
 
-    def evict_end(self, end: int, unless_version: int | None = None) -> bool:
-        """Drop the entry ending at ``end``, unless its record has ``unless_version``."""
+    def version_of(self, entry: IndexEntry) -> int | None:
+        """The version of the record ``entry`` was read as, if it is cached."""
+        i = bisect.bisect_left(self.ends, entry.end)
+        if i < len(self.ends) and self.entries[i] == entry:
+            return self.versions[i]
+        return None
+
+    def evict_end(self, end: int, unless_version: int | None = None) -> IndexEntry | None:
+        """Drop the entry ending at ``end`` and return it, unless its record has
+        ``unless_version``."""
         i = bisect.bisect_left(self.ends, end)
         if i < len(self.ends) and self.ends[i] == end:
             if unless_version is not None and self.versions[i] == unless_version:
-                return False
+                return None
+            entry = self.entries[i]
             del self.ends[i]
             del self.entries[i]
             del self.versions[i]
-            return True
-        return False
+            return entry
+        return None
 
 
 def encode_log_start(offset: int) -> bytes:
@@ -101,11 +113,15 @@ class IndexReader:
     :meth:`close` when done.
     """
 
-    def __init__(self, metadata: MetadataStore, cache_entries: int = 100_000) -> None:
+    def __init__(
+        self, metadata: MetadataStore, cache_entries: int = 100_000, keep_replaced_s: float = 0.0
+    ) -> None:
         self._metadata = metadata
         self._capacity = cache_entries
         self._streams: OrderedDict[int, _StreamCache] = OrderedDict()
         self._cached = 0
+        self._replaced = ReplacedWalEntries(keep_replaced_s)
+        """Replaced WAL entries, for :meth:`replaced`; they count against ``cache_entries``."""
         self._waiters: dict[int, set[asyncio.Event]] = {}
         self._ends: dict[int, int] = {}
         """The highest end offset seen per stream (this process's commits, notifications)."""
@@ -268,11 +284,22 @@ class IndexReader:
         """:meth:`entries` as a list, for callers that need them all at once."""
         return [entry async for entry in self.entries(stream_id, after_end)]
 
+    def replaced(self, offset: int, data_file: IndexEntry) -> IndexEntry | None:
+        """A WAL entry holding ``offset`` that compaction replaced with ``data_file`` (the
+        entry holding it now, a Parquet one, as a look-up just returned it), if this process
+        still keeps it; its object may be gone (see :mod:`icefloe.storage.replaced`)."""
+        cache = self._streams.get(data_file.stream_id)
+        version = None if cache is None else cache.version_of(data_file)
+        if version is None:
+            return None
+        return self._replaced.find(offset, data_file, version)
+
     def forget(self, entry: IndexEntry) -> None:
         """Drop a cached entry that turned out stale (its WAL object is gone)."""
         cache = self._streams.get(entry.stream_id)
-        if cache is not None and cache.evict_end(entry.end):
+        if cache is not None and cache.evict_end(entry.end) is not None:
             self._cached -= 1
+        self._replaced.forget(entry)
 
     def remember(self, entry: IndexEntry, version: int) -> None:
         """Add an entry read or written as the record of ``version`` to the cache (the
@@ -290,7 +317,10 @@ class IndexReader:
         self._wake(entry.stream_id)
 
     def _shrink(self) -> None:
-        # Evict the least recently used streams' oldest entries first.
+        # Replaced entries go first: they save work, the current ones save store trips.
+        while self._cached + len(self._replaced) > self._capacity and len(self._replaced):
+            self._replaced.drop_oldest()
+        # Then the least recently used streams' oldest entries.
         while self._cached > self._capacity and self._streams:
             stream_id, cache = next(iter(self._streams.items()))
             if cache.entries:
@@ -354,6 +384,7 @@ class IndexReader:
             # Changes were missed: forget everything and let waiters re-check the store.
             self._dropped += 1
             self._streams.clear()
+            self._replaced.clear()
             self._cached = 0
             self._ends.clear()
             self._starts.clear()
@@ -379,6 +410,14 @@ class IndexReader:
         # key of the last WAL entry it replaces) is read again on next use. The notice of a
         # record the cache already holds (this process's own append) changes nothing.
         unchanged = event.version if event.kind is EventKind.PUT else None
-        if cache is not None and cache.evict_end(end, unless_version=unchanged):
+        evicted = None if cache is None else cache.evict_end(end, unless_version=unchanged)
+        if evicted is not None:
             self._cached -= 1
+            if evicted.in_wal:
+                if event.kind is EventKind.PUT:
+                    assert event.version is not None
+                    self._replaced.swapped(evicted, event.version)
+                else:
+                    self._replaced.deleted(evicted)
+                self._shrink()
         self._wake(stream_id)

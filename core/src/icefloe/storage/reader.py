@@ -335,8 +335,11 @@ class StreamReader:
                     run.log_ends, run.next_entry = True, entry
                     return run
                 if isinstance(entry.location, ParquetLocation):
-                    run.parquet = entry
-                    return run
+                    replaced = self._index.replaced(offset, entry)
+                    if replaced is None:
+                        run.parquet = entry
+                        return run
+                    entry = replaced  # the producer's bytes, not a rebuild, while they last
                 chunk = self._start_chunk(entry, offset, size, max_bytes)
                 if chunk is None:
                     run.limited = True
