@@ -79,9 +79,9 @@ class StorageOptions(BaseModel):
     replaced_wal_reads_s: float = Field(default=300.0, ge=0)
     """For how long after compaction replaced WAL entries this broker has cached a read of
     their records still takes the producer's bytes from the WAL object rather than rebuild
-    them from the data file (0: never). Keep it below ``orphan_grace_s``: past that, the
-    objects are deleted, and each read that finds one gone costs a failed request; at most
-    half of it is used."""
+    them from the data file (0: never). At most half of ``orphan_grace_s`` is used: past the
+    grace period the objects are deleted, and each read that finds one gone costs a failed
+    request."""
 
     def flush_profile(self, billed_per_append: bool) -> FlushProfile:
         """The profile in force for a WAL that is, or is not, billed per append."""
