@@ -340,6 +340,53 @@ def test_tables_hold_committed_records_once_and_no_markers(tmp_path: Path) -> No
     assert sorted(row[3] for row in rows) == expected
 
 
+@pytest.mark.parametrize(
+    ("keep_s", "uncommitted"),
+    [
+        # The replaced WAL entries: the aborted records are in the log again, as in Kafka's.
+        ("300", [b"tx-0", b"tx-1", b"tx-2", b"tx-3"]),
+        # The data files, which hold committed records only (and show that the reads come
+        # after the swap).
+        ("0", [b"tx-0", b"tx-2"]),
+    ],
+)
+def test_the_broker_that_wrote_a_transactional_log_reads_it_after_compaction(
+    tmp_path: Path, keep_s: str, uncommitted: list[bytes]
+) -> None:
+    """That broker reads what compaction just moved from the WAL entries the swap replaced
+    (their objects outlive it): aborted batches and markers are there again, so a
+    read_committed consumer must still be told to skip them."""
+    running = start_icefloe(
+        tmp_path / "data",
+        env={
+            "ICEFLOE_COMPACTOR__MAX_AGE_S": "0",
+            "ICEFLOE_COMPACTOR__MIN_AGE_S": "0",
+            "ICEFLOE_COMPACTOR__INTERVAL_S": "0.3",
+            "ICEFLOE_STORAGE__REPLACED_WAL_READS_S": keep_s,
+        },
+    )
+    try:
+        create(running, "ledger", partitions=1)
+        producer = transactional(running, "ledger-writer")
+        for round_ in range(4):
+            producer.begin_transaction()
+            producer.produce("ledger", f"tx-{round_}".encode(), partition=0)
+            assert producer.flush(30) == 0  # in the log before the abort, not purged by it
+            if round_ % 2:
+                producer.abort_transaction(30)
+            else:
+                producer.commit_transaction(30)
+        deadline = time.monotonic() + 120
+        while not [row for row in tables(running) if row["lag_records"] == 0]:
+            assert time.monotonic() < deadline, "compaction did not catch up"
+            time.sleep(0.5)
+        committed = read_all(running, "ledger", "read_committed", partitions=1)
+        assert committed == [b"tx-0", b"tx-2"]
+        assert read_all(running, "ledger", "read_uncommitted", partitions=1) == uncommitted
+    finally:
+        assert running.stop() == 0
+
+
 def test_a_broker_killed_mid_stream_leaves_every_transaction_whole(tmp_path: Path) -> None:
     running = start_icefloe(tmp_path / "data", brokers=2)
     try:
