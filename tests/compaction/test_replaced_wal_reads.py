@@ -17,6 +17,7 @@ from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.records import Record
+from icefloe.storage.transactions import COMMIT, control_batch
 from icefloe.topics.registry import TopicRegistry
 from tests.support.storage import count_wal_reads, read_all
 
@@ -147,3 +148,23 @@ async def test_a_data_file_that_log_compaction_cleaned_is_read_cleaned(parts: Pa
     assert len(await storage.read_records(stream, 0)) == 6
     assert await compactor.clean_once() is not None
     assert [(r.offset, r.value) for r in await storage.read_records(stream, 0)] == [(5, b"r2")]
+
+
+@keep_replaced()
+async def test_a_read_past_the_kept_entries_into_the_data_file_repeats_no_record(
+    parts: Parts, config: Config
+) -> None:
+    """A marker another broker wrote is not kept here, and the data file dropped it: the
+    rebuilt batch before it reaches over its offset. A read must not go on from the kept
+    entries into that batch, which starts before where they ended."""
+    storage, topics, compactor = parts
+    stream = (await topics.create("t", 1)).streams[0]
+    await storage.append(stream, [Record(i, 0, None, b"a%d" % i) for i in range(3)])
+    async with await StreamStorage.open(config) as other:
+        assert await other.append_control(stream, control_batch(7, 0, COMMIT)) == 3
+    await storage.append(stream, [Record(i, 0, None, b"c%d" % i) for i in range(3)])
+    await compactor.until_idle()
+    await swap_heard(storage, stream)
+    first = await storage.read(stream, 0)
+    assert first.next_offset == 3  # the kept entry's records, then the next read
+    assert [r.offset for r in await read_all(storage, stream)] == [0, 1, 2, 4, 5, 6]

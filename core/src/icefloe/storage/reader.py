@@ -337,6 +337,14 @@ class StreamReader:
                 if isinstance(entry.location, ParquetLocation):
                     replaced = self._index.replaced(offset, entry)
                     if replaced is None:
+                        if size and entry.start < offset:
+                            # Inside a data file, after replaced WAL entries that held its
+                            # start: its batch holding ``offset`` may start before it (a
+                            # rebuilt batch reaches over the offsets of a marker or aborted
+                            # records), and only a response's first batch may. The next read
+                            # starts here.
+                            run.limited = True
+                            return run
                         run.parquet = entry
                         return run
                     entry = replaced  # the producer's bytes, not a rebuild, while they last
