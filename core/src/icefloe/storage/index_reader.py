@@ -419,5 +419,4 @@ class IndexReader:
                     self._replaced.swapped(evicted, event.version)
                 else:
                     self._replaced.deleted(evicted)
-                self._shrink()
         self._wake(stream_id)
