@@ -12,7 +12,6 @@ capacity.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Iterable
@@ -23,6 +22,7 @@ from icefloe.errors import CorruptDataError
 from icefloe.keyspace import STREAMS
 from icefloe.ports.metadata import EventKind, Follower, MetadataStore, WatchEvent
 from icefloe.storage import index, keys
+from icefloe.storage.entries_by_end import EntriesByEnd
 from icefloe.storage.index import IndexEntry
 from icefloe.storage.replaced import ReplacedWalEntries
 
@@ -42,53 +42,37 @@ _CACHE_HITS: Final = metrics.INDEX_CACHE.labels("hit")
 _CACHE_MISSES: Final = metrics.INDEX_CACHE.labels("miss")
 
 
-class _StreamCache:
-    """Cached entries of one stream, sorted by end offset."""
+class _StreamCache(EntriesByEnd):
+    """Cached entries of one stream, with the store's version of each entry's record."""
 
-    __slots__ = ("ends", "entries", "versions")
+    __slots__ = ("versions",)
 
     def __init__(self) -> None:
-        self.ends: list[int] = []
-        self.entries: list[IndexEntry] = []
-        self.versions: list[int] = []
-        """The store's version of each entry's record."""
+        super().__init__()
+        self.versions: dict[int, int] = {}
+        """By end offset."""
 
-    def find(self, offset: int) -> IndexEntry | None:
-        """The cached entry holding ``offset``, if any."""
-        i = bisect.bisect_right(self.ends, offset)
-        if i < len(self.entries) and self.entries[i].start <= offset:
-            return self.entries[i]
-        return None
-
-    def add(self, entry: IndexEntry, version: int) -> bool:
-        i = bisect.bisect_left(self.ends, entry.end)
-        if i < len(self.ends) and self.ends[i] == entry.end:
+    def add_version(self, entry: IndexEntry, version: int) -> bool:
+        if not self.add(entry):
             return False
-        self.ends.insert(i, entry.end)
-        self.entries.insert(i, entry)
-        self.versions.insert(i, version)
+        self.versions[entry.end] = version
         return True
 
     def version_of(self, entry: IndexEntry) -> int | None:
         """The version of the record ``entry`` was read as, if it is cached."""
-        i = bisect.bisect_left(self.ends, entry.end)
-        if i < len(self.ends) and self.entries[i] == entry:
-            return self.versions[i]
+        if self.ending_at(entry.end) == entry:
+            return self.versions[entry.end]
         return None
 
     def evict_end(self, end: int, unless_version: int | None = None) -> IndexEntry | None:
         """Drop the entry ending at ``end`` and return it, unless its record has
         ``unless_version``."""
-        i = bisect.bisect_left(self.ends, end)
-        if i < len(self.ends) and self.ends[i] == end:
-            if unless_version is not None and self.versions[i] == unless_version:
-                return None
-            entry = self.entries[i]
-            del self.ends[i]
-            del self.entries[i]
-            del self.versions[i]
-            return entry
-        return None
+        if unless_version is not None and self.versions.get(end) == unless_version:
+            return None
+        entry = self.remove_end(end)
+        if entry is not None:
+            del self.versions[end]
+        return entry
 
 
 def encode_log_start(offset: int) -> bytes:
@@ -155,7 +139,7 @@ class IndexReader:
         cache = self._streams.get(stream_id)
         if cache is not None:
             self._streams.move_to_end(stream_id)
-            hit = cache.find(offset)
+            hit = cache.holding(offset)
             if hit is not None:
                 _CACHE_HITS.inc()
                 return hit
@@ -174,17 +158,6 @@ class IndexReader:
             for entry, record in zip(entries, records, strict=True):
                 self.remember(entry, record.version)
         return entries[0] if entries else None
-
-    async def entries_from(self, stream_id: int, offset: int, limit: int) -> list[IndexEntry]:
-        """Up to ``limit`` consecutive entries, starting with the one holding ``offset``."""
-        result: list[IndexEntry] = []
-        while len(result) < limit:
-            entry = await self.entry_for(stream_id, offset)
-            if entry is None:
-                break
-            result.append(entry)
-            offset = entry.end
-        return result
 
     async def log_end(self, stream_id: int) -> int:
         """The log end offset (high watermark), read from the metadata store."""
@@ -311,7 +284,7 @@ class IndexReader:
         if cache is None:
             cache = self._streams[entry.stream_id] = _StreamCache()
         self._streams.move_to_end(entry.stream_id)
-        if cache.add(entry, version):
+        if cache.add_version(entry, version):
             self._cached += 1
             self._shrink()
         self._wake(entry.stream_id)

@@ -17,20 +17,20 @@ forgets the entry (:meth:`ReplacedWalEntries.forget`) and reads the data file.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
+from icefloe.storage.entries_by_end import EntriesByEnd
 from icefloe.storage.index import IndexEntry
 
 
-@dataclass(slots=True)
-class _Stream:
-    ends: list[int] = field(default_factory=list)
-    entries: list[IndexEntry] = field(default_factory=list)
-    swaps: dict[int, int] = field(default_factory=dict)
-    """The version of the Parquet entry each swap wrote, by its key's end offset."""
+class _Stream(EntriesByEnd):
+    __slots__ = ("swaps",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swaps: dict[int, int] = {}
+        """The version of the Parquet entry each swap wrote, by its key's end offset."""
 
 
 class ReplacedWalEntries:
@@ -70,11 +70,8 @@ class ReplacedWalEntries:
         if stream is None or stream.swaps.get(data_file.end) != version:
             return None
         self.expire()
-        i = bisect.bisect_right(stream.ends, offset)
-        if i == len(stream.entries):
-            return None
-        entry = stream.entries[i]
-        if not data_file.start <= entry.start <= offset or entry.end > data_file.end:
+        entry = stream.holding(offset)
+        if entry is None or entry.start < data_file.start or entry.end > data_file.end:
             return None
         return entry
 
@@ -102,19 +99,12 @@ class ReplacedWalEntries:
         self._count = 0
 
     def _keep(self, stream: _Stream, entry: IndexEntry) -> None:
-        i = bisect.bisect_left(stream.ends, entry.end)
-        if i < len(stream.ends) and stream.ends[i] == entry.end:
-            return
-        stream.ends.insert(i, entry.end)
-        stream.entries.insert(i, entry)
-        self._order.append((time.monotonic(), entry.stream_id, entry.end))
-        self._count += 1
+        if stream.add(entry):
+            self._order.append((time.monotonic(), entry.stream_id, entry.end))
+            self._count += 1
 
     def _remove(self, stream_id: int, stream: _Stream, end: int) -> None:
-        i = bisect.bisect_left(stream.ends, end)
-        if i < len(stream.ends) and stream.ends[i] == end:
-            del stream.ends[i]
-            del stream.entries[i]
+        if stream.remove_end(end) is not None:
             self._count -= 1
         if not stream.entries:
             del self._streams[stream_id]
