@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.support.broker import RunningIcefloe, start_icefloe
-from tests.support.servers import free_port
+from tests.support.servers import free_port, free_ports
 
 PASSWORD = "correct horse battery staple"
 
@@ -74,7 +74,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     data = folder / "data"
     added = icefloe_users(data, "add", "alice", "--password-stdin", password=PASSWORD)
     assert added.returncode == 0, added.stderr
-    ports = {p: free_port() for p in ("SASL_SSL", "SASL_PLAINTEXT", "SSL")}
+    ports = dict(zip(("SASL_SSL", "SASL_PLAINTEXT", "SSL"), free_ports(3), strict=True))
     running = start_icefloe(
         data,
         env={

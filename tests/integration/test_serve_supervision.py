@@ -115,6 +115,26 @@ def test_a_taken_schema_registry_port_ends_serve_with_the_port_and_the_fix(
     assert "Traceback" not in err
 
 
+def test_two_listeners_configured_on_one_port_end_serve_before_it_listens(tmp_path: Path) -> None:
+    port = free_port()
+    metrics_port = port + 1  # the second broker's Kafka port
+    status, out, err = finished(
+        serve(
+            tmp_path,
+            *("--port", str(port), "--brokers", "2", "--metrics-port", str(metrics_port)),
+            *("--data-dir", "d"),
+        )
+    )
+
+    assert status == 1
+    assert "Icefloe is serving" not in out
+    line = last_line(err)
+    assert line.startswith("icefloe: [metrics] port (broker 0) and [broker] port (broker 1)")
+    assert f"port {metrics_port}" in line
+    assert "Traceback" not in err
+    assert not (tmp_path / "d").exists()  # nothing started
+
+
 def test_an_unusable_data_folder_ends_serve_with_the_folder_and_the_fix(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a folder")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from tests.support.servers import TOOLS, ServerProcess, free_port, port_open
+from tests.support.servers import TOOLS, ServerProcess, free_port, free_ports, port_open
 
 VERSION: Final = "4.17.3"
 LIB: Final = TOOLS / f"bookkeeper-{VERSION}" / "lib"
@@ -201,7 +201,7 @@ def start_bookkeeper(workdir: Path, bookies: int = 3) -> BookKeeperCluster:
         return "Mode: standalone" in four_letter_word(zk_port, "stat")
 
     zookeeper = ServerProcess("zookeeper", argv, zk_dir, ready=zk_ready).start()
-    cluster = BookKeeperCluster(workdir, zk_port, zookeeper, [free_port() for _ in range(bookies)])
+    cluster = BookKeeperCluster(workdir, zk_port, zookeeper, free_ports(bookies))
     try:
         _init_cluster(cluster)
         with ThreadPoolExecutor(bookies) as pool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.servers import ServerProcess, find_program, free_port, port_open
+from tests.support.servers import ServerProcess, find_program, free_ports, port_open
 
 
 @dataclass
@@ -34,7 +34,7 @@ class MetadataServer:
 
 def start_oxia(workdir: Path) -> MetadataServer:
     """A standalone Oxia (one shard) with its data under ``workdir``."""
-    port, metrics = free_port(), free_port()
+    port, metrics = free_ports(2)
     argv = [
         find_program("oxia"),
         "standalone",
@@ -51,7 +51,7 @@ def start_oxia(workdir: Path) -> MetadataServer:
 
 def start_etcd(workdir: Path) -> MetadataServer:
     """A one-member etcd with its data under ``workdir``."""
-    port, peer = free_port(), free_port()
+    port, peer, metrics = free_ports(3)
     client_url, peer_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"
     argv = [
         find_program("etcd"),
@@ -62,7 +62,7 @@ def start_etcd(workdir: Path) -> MetadataServer:
         "--listen-peer-urls", peer_url,
         "--initial-advertise-peer-urls", peer_url,
         "--initial-cluster", f"t0={peer_url}",
-        "--listen-metrics-urls", f"http://127.0.0.1:{free_port()}",
+        "--listen-metrics-urls", f"http://127.0.0.1:{metrics}",
     ]  # fmt: skip
 
     def healthy() -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from tests.support.servers import TOOLS, ServerProcess, free_port, port_open
+from tests.support.servers import TOOLS, ServerProcess, free_port, free_ports, port_open
 
 BUCKET: Final = "icefloe-test"
 """The bucket (container) every backend test uses, each test under its own prefix."""
@@ -88,7 +88,7 @@ def minio() -> Emulator:
     program = TOOLS / "bin" / "minio"
     if not program.exists():
         raise RuntimeError(f"{program} is missing: run scripts/install-servers")
-    port, console = free_port(), free_port()
+    port, console = free_ports(2)
     workdir = _workdir("minio")
     argv = [
         str(program),

@@ -7,6 +7,7 @@ start is a test *error*, never a skip: a backend test must not pass without its 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -22,10 +23,21 @@ TOOLS = ROOT / ".servers"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    (port,) = free_ports(1)
+    return port
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different ports free on 127.0.0.1 now. Each is held until all are chosen:
+    a port closed at once may be handed out again by the next bind (two listeners of one
+    server then got the same port)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support.servers import ROOT, free_port, port_open
+from tests.support.servers import ROOT, free_ports, port_open
 
 KAFKA_VERSION = "4.1.1"
 HERE = Path(__file__).resolve().parent
@@ -174,7 +174,7 @@ class KafkaBroker:
 
 def start_kafka(java: Java, workdir: Path, heap: str = "1G") -> KafkaBroker:
     """Format a fresh KRaft log folder in ``workdir`` and start a broker on free ports."""
-    port, controller = _two_free_ports()
+    port, controller = free_ports(2)
     log_dir = workdir / "kafka-logs"
     settings = SINGLE_NODE_SETTINGS.format(port=port, controller=controller, log_dir=log_dir)
     properties = workdir / "server.properties"
@@ -201,14 +201,6 @@ def start_kafka(java: Java, workdir: Path, heap: str = "1G") -> KafkaBroker:
         time.sleep(0.2)
     broker.stop()
     raise SetupError(f"Kafka did not start; the end of its log:\n{broker.log_tail()}")
-
-
-def _two_free_ports() -> tuple[int, int]:
-    port = free_port()
-    controller = free_port()
-    while controller == port:
-        controller = free_port()
-    return port, controller
 
 
 def _storage_tool(java: Java, args: list[str]) -> str:

@@ -33,6 +33,7 @@ from icefloe.broker.broker import Broker
 from icefloe.broker.event_loop import event_loop_factory
 from icefloe.broker.heap import reuse_large_blocks
 from icefloe.broker.long_lived import freeze_long_lived, freeze_new_imports
+from icefloe.broker.port_plan import port_clash
 from icefloe.config import Config
 from icefloe.cpu_affinity import pin_to_one_core
 from icefloe.errors import ConfigError, PluginError, UnavailableError
@@ -168,6 +169,10 @@ def _root_os_error(exc: BaseException) -> OSError | None:
 
 def serve(config: Config, brokers: int) -> int:
     """Run ``brokers`` broker processes until a signal; returns the exit status."""
+    clash = port_clash(config, brokers)
+    if clash is not None:
+        print(f"icefloe: {clash}", file=sys.stderr, flush=True)
+        return 1
     base = config.broker.port
     children = [_start(config, i, base + i if base else 0) for i in range(brokers)]
     stopping = threading.Event()
