@@ -110,8 +110,10 @@ def start_icefloe(
     brokers: int = 1,
     env: dict[str, str] | None = None,
     timeout: float = 60,
+    own_session: bool = False,
 ) -> RunningIcefloe:
-    """Start `icefloe serve` on free ports and wait until it prints its bootstrap address.
+    """Start `icefloe serve` on free ports and wait until it prints its bootstrap address
+    (``own_session``: in a session of its own, as a service runs, rather than the caller's).
 
     A port that looked free may be taken by another test's server before the broker binds it;
     then the run is started again on other ports.
@@ -119,7 +121,7 @@ def start_icefloe(
     attempt = 1
     while True:
         try:
-            return _start_once(data_dir, brokers, env, timeout)
+            return _start_once(data_dir, brokers, env, timeout, own_session)
         except RuntimeError as exc:
             # serve words it "port N on HOST is already in use"; a raw bind error, "address
             # already in use".
@@ -129,7 +131,7 @@ def start_icefloe(
 
 
 def _start_once(
-    data_dir: Path, brokers: int, env: dict[str, str] | None, timeout: float
+    data_dir: Path, brokers: int, env: dict[str, str] | None, timeout: float, own_session: bool
 ) -> RunningIcefloe:
     port = _free_port_run(brokers)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
@@ -157,6 +159,7 @@ def _start_once(
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
+        start_new_session=own_session,
     )
     running = RunningIcefloe(process, "127.0.0.1", port, brokers, data_dir, log_path)
     assert process.stdout is not None
