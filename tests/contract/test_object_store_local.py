@@ -206,6 +206,29 @@ class TestLocalObjectStore(ObjectStoreContract):
         assert after["bytes"]["PUT"] - before["bytes"]["PUT"] == 50
 
     @pytest.mark.asyncio
+    async def test_a_large_object_is_made_durable_a_few_megabytes_at_a_time(
+        self, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Counted, not replaced: the data still goes to the disk.
+        synced: list[int] = []
+        fdatasync = os.fdatasync
+        monkeypatch.setattr(
+            local_object_store.os, "fdatasync", lambda fd: (synced.append(fd), fdatasync(fd))
+        )
+        step = local_object_store.WRITE_BACK_BYTES
+        large = os.urandom(2 * step + 1)
+        await store.put("large", large)
+        assert len(synced) == 2  # the last byte is made durable with the commit's fsync
+        half = step // 2
+        parts = [large[at : at + half] for at in range(0, len(large), half)]
+        await store.put_stream("streamed", chunks_of(parts))
+        assert len(synced) == 4
+        await store.put("small", b"x" * (step - 1))
+        assert len(synced) == 4
+        assert await store.get("large") == large
+        assert await store.get("streamed") == large
+
+    @pytest.mark.asyncio
     async def test_primitives_refuse_keys_outside_the_root(self, store: ObjectStore) -> None:
         assert isinstance(store, LocalObjectStore)
         # The port validates keys first; the adapter guards its paths anyway.
