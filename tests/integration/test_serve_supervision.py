@@ -54,6 +54,16 @@ def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
+def refused_start(tmp_path: Path, *args: str) -> str:
+    """Run `serve` with ``args``, which must end it with status 1 before it serves and without
+    a traceback; return its last line on stderr."""
+    status, out, err = finished(serve(tmp_path, *args))
+    assert status == 1
+    assert "Icefloe is serving" not in out
+    assert "Traceback" not in err
+    return last_line(err)
+
+
 def test_a_taken_port_ends_serve_with_the_port_and_the_fix(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -76,19 +86,13 @@ def test_a_taken_metrics_port_ends_serve_with_the_port_and_the_fix(tmp_path: Pat
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        status, out, err = finished(
-            serve(
-                tmp_path, "--port", str(free_port()), "--metrics-port", str(port), "--data-dir", "d"
-            )
+        line = refused_start(
+            tmp_path, "--port", str(free_port()), "--metrics-port", str(port), "--data-dir", "d"
         )
 
-    assert status == 1
-    assert "Icefloe is serving" not in out
-    line = last_line(err)
     assert f"cannot serve metrics on 127.0.0.1:{port}" in line
     assert "--metrics-port" in line
     assert "[metrics] enabled = false" in line
-    assert "Traceback" not in err
 
 
 def test_a_taken_schema_registry_port_ends_serve_with_the_port_and_the_fix(
@@ -98,40 +102,28 @@ def test_a_taken_schema_registry_port_ends_serve_with_the_port_and_the_fix(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        status, out, err = finished(
-            serve(
-                tmp_path,
-                *("--port", str(free_port()), "--schema-registry-port", str(port)),
-                *("--data-dir", "d"),
-            )
+        line = refused_start(
+            tmp_path,
+            *("--port", str(free_port()), "--schema-registry-port", str(port)),
+            *("--data-dir", "d"),
         )
 
-    assert status == 1
-    assert "Icefloe is serving" not in out
-    line = last_line(err)
     assert f"cannot serve the schema registry on 127.0.0.1:{port}" in line
     assert "--schema-registry-port" in line
     assert "[schema_registry] enabled = false" in line
-    assert "Traceback" not in err
 
 
 def test_two_listeners_configured_on_one_port_end_serve_before_it_listens(tmp_path: Path) -> None:
     port = free_port()
     metrics_port = port + 1  # the second broker's Kafka port
-    status, out, err = finished(
-        serve(
-            tmp_path,
-            *("--port", str(port), "--brokers", "2", "--metrics-port", str(metrics_port)),
-            *("--data-dir", "d"),
-        )
+    line = refused_start(
+        tmp_path,
+        *("--port", str(port), "--brokers", "2", "--metrics-port", str(metrics_port)),
+        *("--data-dir", "d"),
     )
 
-    assert status == 1
-    assert "Icefloe is serving" not in out
-    line = last_line(err)
     assert line.startswith("icefloe: [metrics] port (broker 0) and [broker] port (broker 1)")
     assert f"port {metrics_port}" in line
-    assert "Traceback" not in err
     assert not (tmp_path / "d").exists()  # nothing started
 
 
