@@ -64,6 +64,16 @@ def test_large_records_are_sent_from_the_handlers_buffer_and_the_frame_is_kios_b
     assert frame.size == sum(map(len, frame.parts))
 
 
+def test_a_full_batch_of_the_java_producer_is_sent_by_reference() -> None:
+    batch = bytearray(b"j" * 65_000)  # batch.size 64 KiB of 1 KiB records, as it arrives
+    body = fetch_response(partition(0, RecordParts((batch, bytearray(batch)))))  # type: ignore[arg-type]
+
+    frame = encode_response(FETCH, 12, 6, body)
+
+    assert any(part is batch for part in frame.parts)
+    assert frame.size == sum(map(len, frame.parts))
+
+
 def test_a_frame_of_small_fields_is_one_buffer() -> None:
     body = fetch_response(partition(0, b"small"))
 

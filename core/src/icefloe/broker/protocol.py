@@ -160,8 +160,13 @@ class RecordParts:
         return parts[0] if len(parts) == 1 else RecordParts(parts)
 
 
-BY_REFERENCE: Final = 64 * 1024
-"""Writes at least this large go into a :class:`ResponseFrame` by reference, not copied."""
+BY_REFERENCE: Final = 16 * 1024
+"""Writes at least this large go into a :class:`ResponseFrame` by reference, not copied.
+
+Well under a full batch of the Java producer (64 KiB by default, a little less as sent): a
+fetch from the WAL is mostly such chunks, and copying them into a growing buffer cost more
+than the transport's writes of them one by one. Smaller ones are gathered, as one write of
+many small pieces is cheaper than a write each."""
 
 
 def encode_response(
