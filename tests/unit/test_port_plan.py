@@ -63,3 +63,19 @@ def test_listeners_on_different_addresses_may_share_a_port_unless_one_is_every_a
         1,
     )
     assert clash is not None
+
+
+def test_two_listeners_on_one_other_address_clash_though_the_main_port_is_elsewhere() -> None:
+    clash = port_clash(
+        config(
+            ICEFLOE_BROKER__HOST="127.0.0.1",
+            ICEFLOE_SECURITY__LISTENERS="['SASL_PLAINTEXT://10.0.0.2:9092']",
+            ICEFLOE_METRICS__HOST="10.0.0.2",
+            ICEFLOE_METRICS__PORT="9092",
+        ),
+        1,
+    )
+    assert clash == (
+        "[security] listeners SASL_PLAINTEXT://10.0.0.2:9092 and [metrics] port would both "
+        "listen on port 9092: give each its own port"
+    )

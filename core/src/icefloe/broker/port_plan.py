@@ -27,14 +27,15 @@ def port_clash(config: Config, brokers: int) -> str | None:
     """A one-line message naming two listeners of the ``brokers`` brokers that would share a
     port, or ``None``. Ports of 0 (chosen at start) never clash."""
     first = _first_broker_listeners(config)
-    seen: dict[int, tuple[_Listener, int]] = {}
+    seen: dict[int, list[tuple[_Listener, int]]] = {}
     for index in range(brokers):
         for listener in first:
             port = listener.port + index
-            other = seen.get(port)
-            if other is not None and _same_address(other[0].host, listener.host):
-                return _message(other, (listener, index), port, brokers)
-            seen.setdefault(port, (listener, index))
+            on_port = seen.setdefault(port, [])
+            for other in on_port:
+                if _same_address(other[0].host, listener.host):
+                    return _message(other, (listener, index), port, brokers)
+            on_port.append((listener, index))
     return None
 
 
