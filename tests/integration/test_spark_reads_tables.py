@@ -36,7 +36,7 @@ from tests.support.object_servers import SERVERS
 from tests.support.spark_readers import SparkReader
 
 STORES = ["local", "minio"]
-"""S3 on MinIO only: moto speaks the same API, and the table contract suite runs on both."""
+"""S3 on MinIO only, as in the table contract suite: moto speaks the same API."""
 
 
 @pytest.fixture(scope="module")
