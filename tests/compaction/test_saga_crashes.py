@@ -9,7 +9,6 @@ with two runs in flight (``runs``)."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,10 @@ from icefloe.storage.records import Record
 from icefloe.tables import layout
 from icefloe.topics.configs import REWRITE_MIN_FILES_CONFIG, TIME_PARTITION_CONFIG
 from icefloe.topics.registry import Topic, TopicRegistry
-from tests.support.compaction_processes import CRASH_POINTS, compact_and_crash
+from tests.support.compaction_processes import CRASH_POINTS, compact_and_crash, preloaded_processes
 from tests.support.object_servers import minio_options
 
-SPAWN = multiprocessing.get_context("spawn")
+PROCESSES = preloaded_processes()
 ROUNDS = 4
 
 
@@ -129,7 +128,7 @@ async def test_a_compactor_killed_at_any_step_is_finished_by_the_next_one(
             for s in topic.streams
         }
 
-        child = SPAWN.Process(target=compact_and_crash, args=(config, crash_at, work))
+        child = PROCESSES.Process(target=compact_and_crash, args=(config, crash_at, work))
         child.start()
         await asyncio.to_thread(child.join, 120)
         assert child.exitcode == -9, f"the compactor was not killed at {crash_at}"
