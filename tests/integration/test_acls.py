@@ -5,7 +5,6 @@ API (CreateAcls, DescribeAcls, DeleteAcls)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG, TOOL_TIMEOUT_S
 from tests.integration.test_security import icefloe_users
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.kafka_jvm import ACLS, run_java
 
 SET = AlterConfigOpType.SET
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
@@ -324,16 +323,6 @@ def test_without_acls_enabled_managing_them_says_so(tmp_path: Path) -> None:
         running.stop()
 
 
-def java(*args: str) -> subprocess.CompletedProcess[str]:
-    """A class from Kafka 4.1's jars (the tools' test fetches them), run to completion."""
-    executable = shutil.which("java")
-    assert executable is not None, "`java` is not on PATH: run scripts/install-servers"
-    assert (LIB / ".complete").exists(), f"Kafka's jars are missing from {LIB}"
-    command = [executable, "-Xmx256m", "-XX:TieredStopAtLevel=1"]
-    command += [f"-Dlog4j2.configurationFile={LOG4J_CONFIG}", "-cp", f"{LIB}/*", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
-
-
 def login_properties(cluster: Cluster, user: str, folder: Path) -> Path:
     path = folder / f"{user}.properties"
     path.write_text(
@@ -347,18 +336,18 @@ def login_properties(cluster: Cluster, user: str, folder: Path) -> Path:
 
 def test_kafka_acls_and_the_java_producer(cluster: Cluster, tmp_path: Path) -> None:
     admin = login_properties(cluster, "admin", tmp_path)
-    acls = ["org.apache.kafka.tools.AclCommand", "--bootstrap-server", cluster.icefloe.bootstrap]
+    acls = [ACLS, "--bootstrap-server", cluster.icefloe.bootstrap]
     acls += ["--command-config", str(admin)]
-    added = java(*acls, "--add", "--allow-principal", "User:bob", "--operation", "Write",
+    added = run_java(*acls, "--add", "--allow-principal", "User:bob", "--operation", "Write",
                  "--topic", "java-", "--resource-pattern-type", "prefixed")  # fmt: skip
     assert added.returncode == 0, added.stderr
-    listed = java(*acls, "--list", "--topic", "java-", "--resource-pattern-type", "prefixed")
+    listed = run_java(*acls, "--list", "--topic", "java-", "--resource-pattern-type", "prefixed")
     assert "principal=User:bob, host=*, operation=WRITE, permissionType=ALLOW" in listed.stdout
 
     def java_producer(user: str, topic: str) -> subprocess.CompletedProcess[str]:
         # Idempotent by default: InitProducerId needs WRITE on some topic.
         login = login_properties(cluster, user, tmp_path)
-        return java(
+        return run_java(
             "org.apache.kafka.tools.ProducerPerformance",
             "--topic", topic, "--num-records", "10", "--record-size", "100",
             "--throughput", "-1", "--producer.config", str(login),
@@ -374,9 +363,9 @@ def test_kafka_acls_and_the_java_producer(cluster: Cluster, tmp_path: Path) -> N
     denied = java_producer("alice", "java-orders")
     assert "TopicAuthorizationException" in denied.stdout + denied.stderr
 
-    removed = java(*acls, "--remove", "--force", "--allow-principal", "User:bob",
+    removed = run_java(*acls, "--remove", "--force", "--allow-principal", "User:bob",
                    "--operation", "Write", "--topic", "java-", "--resource-pattern-type",
                    "prefixed")  # fmt: skip
     assert removed.returncode == 0, removed.stderr
-    listed = java(*acls, "--list", "--topic", "java-", "--resource-pattern-type", "prefixed")
+    listed = run_java(*acls, "--list", "--topic", "java-", "--resource-pattern-type", "prefixed")
     assert "User:bob" not in listed.stdout

@@ -10,7 +10,6 @@ One `icefloe serve` for the module.
 from __future__ import annotations
 
 import datetime
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,9 +23,9 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32
 
 from icefloe.broker.protocol import make
-from tests.integration.test_kafka_tools import LIB, REQUIRED_JARS, TOPICS, Tools
 from tests.support import admin_wire
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.kafka_jvm import TOPICS, KafkaTools, java_executable
 from tests.support.kafka_wire import KafkaWire, batch_of, fetch_request, produce_request
 
 OFFSETS = "__consumer_offsets"
@@ -235,16 +234,12 @@ def test_create_topics_v7_says_why(cluster: RunningIcefloe) -> None:
 
 
 @pytest.fixture(scope="module")
-def tools(cluster: RunningIcefloe) -> Tools:
-    if any(not (LIB / jar).exists() for jar in REQUIRED_JARS) or not (LIB / ".complete").exists():
-        pytest.fail(f"Kafka's jars are missing from {LIB}: run scripts/install-servers")
-    java = shutil.which("java")
-    if java is None:
-        pytest.fail("`java` is not on PATH: run scripts/install-servers, which installs a JDK")
-    return Tools(java, cluster.bootstrap)
+def tools(cluster: RunningIcefloe) -> KafkaTools:
+    java_executable()  # fails naming the fix if Java or the jars are missing
+    return KafkaTools(cluster.bootstrap)
 
 
-def test_kafka_topics_lists_and_describes_it(tools: Tools, topic: str) -> None:
+def test_kafka_topics_lists_and_describes_it(tools: KafkaTools, topic: str) -> None:
     listed = tools.run(TOPICS, "--list").split()
     assert OFFSETS in listed
     assert topic in listed

@@ -10,10 +10,7 @@ topic of its own, against one `icefloe serve` shared by the module.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,49 +18,19 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from tests.support.broker import RunningIcefloe, start_icefloe
-from tests.support.servers import ROOT
+from tests.support.kafka_jvm import (
+    CONFIGS,
+    CONSUMER_GROUPS,
+    DELETE_RECORDS,
+    LOG_DIRS,
+    TOPICS,
+    TRANSACTIONS,
+    KafkaTools,
+    java_executable,
+    rows,
+)
 
-KAFKA_VERSION = "4.1.1"
-LIB = ROOT / ".servers" / f"kafka-{KAFKA_VERSION}" / "lib"
-REQUIRED_JARS = (f"kafka_2.13-{KAFKA_VERSION}.jar", f"kafka-tools-{KAFKA_VERSION}.jar")
-LOG4J_CONFIG = ROOT / "tests" / "bench" / "sidebyside" / "log4j2.properties"
-TOOL_TIMEOUT_S = 120
 TIMEOUT = 30
-
-TOPICS = "org.apache.kafka.tools.TopicCommand"
-CONFIGS = "kafka.admin.ConfigCommand"
-CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
-DELETE_RECORDS = "org.apache.kafka.tools.DeleteRecordsCommand"
-LOG_DIRS = "org.apache.kafka.tools.LogDirsCommand"
-TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"
-
-
-@dataclass(frozen=True)
-class Tools:
-    java: str
-    bootstrap: str
-
-    def run(self, main_class: str, *args: str, expect_failure: bool = False) -> str:
-        """The tool's standard output (and standard error, when it is expected to fail)."""
-        command = [
-            self.java,
-            "-Xmx256m",
-            "-XX:TieredStopAtLevel=1",  # quick start-up matters more than peak speed here
-            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-            "-cp",
-            f"{LIB}/*",
-            main_class,
-            "--bootstrap-server",
-            self.bootstrap,
-            *args,
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
-        shown = f"{main_class} {' '.join(args)}: exit {done.returncode}\n{done.stdout}{done.stderr}"
-        if expect_failure:
-            assert done.returncode != 0, shown
-            return done.stdout + done.stderr
-        assert done.returncode == 0, shown
-        return done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -74,18 +41,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe
 
 
 @pytest.fixture(scope="module")
-def tools(cluster: RunningIcefloe) -> Tools:
-    missing = [jar for jar in REQUIRED_JARS if not (LIB / jar).exists()]
-    if missing or not (LIB / ".complete").exists():
-        what = ", ".join(missing) or "an unfinished download"
-        pytest.fail(
-            f"Kafka {KAFKA_VERSION}'s jars are missing from {LIB} ({what}): "
-            "run scripts/install-servers (scripts/servers.d/kafka-jars.sh)"
-        )
-    java = shutil.which("java")
-    if java is None:
-        pytest.fail("`java` is not on PATH: run scripts/install-servers, which installs a JDK")
-    return Tools(java, cluster.bootstrap)
+def tools(cluster: RunningIcefloe) -> KafkaTools:
+    java_executable()  # fails naming the fix if Java or the jars are missing
+    return KafkaTools(cluster.bootstrap)
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +65,7 @@ def earliest(admin: AdminClient, topic: str, partition: int = 0) -> int:
     return int(future.result(TIMEOUT).offset)
 
 
-def rows(output: str) -> list[list[str]]:
-    """The whitespace-separated fields of each non-empty line."""
-    return [line.split() for line in output.splitlines() if line.strip()]
-
-
-def test_kafka_topics_creates_lists_describes_alters_and_deletes(tools: Tools) -> None:
+def test_kafka_topics_creates_lists_describes_alters_and_deletes(tools: KafkaTools) -> None:
     topic = "tool-topics"
     created = tools.run(TOPICS, "--create", "--topic", topic, "--partitions", "2")
     assert created.strip() == f"Created topic {topic}."
@@ -136,7 +89,7 @@ def test_kafka_topics_creates_lists_describes_alters_and_deletes(tools: Tools) -
 
 
 def test_kafka_configs_adds_a_topic_config_and_describes_it(
-    tools: Tools, admin: AdminClient
+    tools: KafkaTools, admin: AdminClient
 ) -> None:
     topic = "tool-configs"
     tools.run(TOPICS, "--create", "--topic", topic, "--partitions", "1")
@@ -156,7 +109,7 @@ def test_kafka_configs_adds_a_topic_config_and_describes_it(
 
 
 def test_kafka_consumer_groups_lists_describes_resets_and_deletes(
-    tools: Tools, cluster: RunningIcefloe
+    tools: KafkaTools, cluster: RunningIcefloe
 ) -> None:
     topic, group = "tool-groups", "tool-group"
     tools.run(TOPICS, "--create", "--topic", topic, "--partitions", "1")
@@ -200,7 +153,7 @@ def test_kafka_consumer_groups_lists_describes_resets_and_deletes(
 
 
 def test_kafka_delete_records_moves_the_log_start(
-    tools: Tools, cluster: RunningIcefloe, admin: AdminClient, tmp_path: Path
+    tools: KafkaTools, cluster: RunningIcefloe, admin: AdminClient, tmp_path: Path
 ) -> None:
     topic = "tool-delete-records"
     tools.run(TOPICS, "--create", "--topic", topic, "--partitions", "1")
@@ -220,7 +173,7 @@ def test_kafka_delete_records_moves_the_log_start(
 
 
 def test_kafka_log_dirs_describes_every_partition_with_its_size(
-    tools: Tools, cluster: RunningIcefloe
+    tools: KafkaTools, cluster: RunningIcefloe
 ) -> None:
     topic = "tool-log-dirs"
     tools.run(TOPICS, "--create", "--topic", topic, "--partitions", "2")
@@ -239,7 +192,7 @@ def test_kafka_log_dirs_describes_every_partition_with_its_size(
 
 
 def test_kafka_transactions_describes_an_idempotent_producer(
-    tools: Tools, cluster: RunningIcefloe
+    tools: KafkaTools, cluster: RunningIcefloe
 ) -> None:
     topic = "tool-producers"
     tools.run(TOPICS, "--create", "--topic", topic, "--partitions", "1")

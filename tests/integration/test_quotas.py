@@ -9,7 +9,6 @@ a rate measured over ten seconds covers many measuring periods instead of less t
 
 from __future__ import annotations
 
-import shutil
 import socket
 import struct
 import threading
@@ -21,9 +20,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.integration.test_kafka_tools import CONFIGS, LIB, REQUIRED_JARS, Tools
 from tests.support import admin_wire
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.kafka_jvm import CONFIGS, KafkaTools, java_executable
 
 TIMEOUT = 30
 WINDOW_S = 0.1
@@ -41,14 +40,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe
 
 
 @pytest.fixture(scope="module")
-def tools(cluster: RunningIcefloe) -> Tools:
-    missing = [jar for jar in REQUIRED_JARS if not (LIB / jar).exists()]
-    if missing or not (LIB / ".complete").exists():
-        pytest.fail(f"Kafka's jars are missing from {LIB}: run scripts/install-servers")
-    java = shutil.which("java")
-    if java is None:
-        pytest.fail("`java` is not on PATH: run scripts/install-servers, which installs a JDK")
-    return Tools(java, cluster.bootstrap)
+def tools(cluster: RunningIcefloe) -> KafkaTools:
+    java_executable()  # fails naming the fix if Java or the jars are missing
+    return KafkaTools(cluster.bootstrap)
 
 
 def alter(cluster: RunningIcefloe, entries: list[Any], validate_only: bool = False) -> Any:
@@ -86,7 +80,7 @@ def describe(
     )
 
 
-def test_kafka_configs_sets_describes_and_deletes_user_and_client_quotas(tools: Tools) -> None:
+def test_kafka_configs_sets_describes_and_deletes_user_and_client_quotas(tools: KafkaTools) -> None:
     alice = ("--entity-type", "users", "--entity-name", "alice")
     added = tools.run(
         CONFIGS,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import socket
 import ssl
 import struct
@@ -32,6 +31,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.kafka_jvm import CONFIGS, TOPICS, run_java
 from tests.support.servers import free_port, free_ports
 
 PASSWORD = "correct horse battery staple"
@@ -310,29 +310,6 @@ def test_unacceptable_credentials_are_refused_with_kafkas_error(secured: Secured
 # --- the Java client, through Kafka 4.1's own tools -------------------------------------------
 
 
-def java_tool(main_class: str, *args: str) -> subprocess.CompletedProcess[str]:
-    from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG
-
-    java = shutil.which("java")
-    if java is None or not (LIB / ".complete").exists():
-        pytest.fail("Java or Kafka's jars are missing: run scripts/install-servers")
-    return subprocess.run(
-        [
-            java,
-            "-Xmx256m",
-            "-XX:TieredStopAtLevel=1",
-            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
-            "-cp",
-            f"{LIB}/*",
-            main_class,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def java_client_config(secured: Secured, mechanism: str, password: str, path: Path) -> Path:
     module = (
         "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -354,7 +331,7 @@ def test_the_java_client_produces_over_tls_with_each_mechanism(
     secured: Secured, mechanism: str, tmp_path: Path
 ) -> None:
     config = java_client_config(secured, mechanism, PASSWORD, tmp_path / "client.properties")
-    done = java_tool(
+    done = run_java(
         "org.apache.kafka.tools.ProducerPerformance",
         *("--topic", "secure", "--num-records", "200", "--record-size", "100"),
         *("--throughput", "-1", "--producer.config", str(config)),
@@ -366,8 +343,8 @@ def test_the_java_client_produces_over_tls_with_each_mechanism(
 
 def test_the_java_client_is_refused_with_a_wrong_password(secured: Secured, tmp_path: Path) -> None:
     config = java_client_config(secured, "SCRAM-SHA-256", "wrong", tmp_path / "client.properties")
-    done = java_tool(
-        "org.apache.kafka.tools.TopicCommand",
+    done = run_java(
+        TOPICS,
         *("--bootstrap-server", secured.address("SASL_SSL"), "--command-config", str(config)),
         "--list",
     )
@@ -377,8 +354,8 @@ def test_the_java_client_is_refused_with_a_wrong_password(secured: Secured, tmp_
 
 
 def test_kafka_configs_adds_a_user_who_can_then_log_in(secured: Secured) -> None:
-    done = java_tool(
-        "kafka.admin.ConfigCommand",
+    done = run_java(
+        CONFIGS,
         *("--bootstrap-server", secured.icefloe.bootstrap, "--alter"),
         *("--entity-type", "users", "--entity-name", "dave"),
         *("--add-config", "SCRAM-SHA-512=[iterations=8192,password=daves-secret]"),

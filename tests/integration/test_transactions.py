@@ -27,8 +27,15 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.integration.test_compaction_clients import compacted, tables
-from tests.integration.test_kafka_tools import LIB, LOG4J_CONFIG, TRANSACTIONS, Tools, rows
 from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
+from tests.support.kafka_jvm import (
+    LIB,
+    LOG4J_CONFIG,
+    TRANSACTIONS,
+    KafkaTools,
+    java_executable,
+    rows,
+)
 from tests.support.table_readers import duckdb_rows
 
 
@@ -243,9 +250,8 @@ def test_kafka_transactions_lists_and_describes_them(cluster: RunningIcefloe) ->
     producer.begin_transaction()
     producer.produce("txn-admin", b"x", partition=0)
     assert producer.flush(30) == 0
-    java = shutil.which("java")
-    assert java is not None, "`java` is not on PATH: run scripts/install-servers"
-    tools = Tools(java, cluster.bootstrap)
+    java_executable()  # fails naming the fix if Java or the jars are missing
+    tools = KafkaTools(cluster.bootstrap)
     listed = {row[0]: row for row in rows(tools.run(TRANSACTIONS, "list"))[1:]}
     assert listed["described"][-1] == "Ongoing"
     header, described = rows(tools.run(TRANSACTIONS, "describe", "--transactional-id", "described"))
