@@ -5,10 +5,6 @@ them in two). And a topic deleted and created again gets new tables."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +14,7 @@ from deltalake import DeltaTable
 from kafka import KafkaConsumer, TopicPartition
 
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.tables_cli import tables_json
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PARTITIONS = 3
@@ -63,16 +60,7 @@ def consume_all(bootstrap: str, topic: str) -> list[tuple[object, ...]]:
 
 
 def tables(running: RunningIcefloe) -> list[dict[str, object]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "icefloe", "tables", "--json"],
-        cwd=running.data_dir.parent,
-        env={**env, "ICEFLOE_DATA_DIR": str(running.data_dir)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(result.stdout)
+    return tables_json(running.data_dir)
 
 
 def produce_across_hours(bootstrap: str, topic: str) -> None:

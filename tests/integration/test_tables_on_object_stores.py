@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +27,7 @@ from tests.integration.test_backends_end_to_end import environment
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.object_servers import SERVERS, azurite
 from tests.support.table_readers import delta_rows, duckdb_rows, iceberg_rows
+from tests.support.tables_cli import tables_json
 
 TOPIC = "orders"
 PARTITIONS = 3
@@ -42,7 +40,7 @@ COMPACT_AT_ONCE = {
 BOTH = ("iceberg", "delta")
 
 CASES = [
-    # S3 on MinIO only: moto speaks the same API, and the table contract suite runs on both.
+    # S3 on MinIO only, as in the table contract suite: moto speaks the same API.
     pytest.param("minio", BOTH, id="minio"),
     # Delta cannot commit on the GCS emulator (see test_tables_on_object_stores in contract/).
     pytest.param("fake-gcs-server", ("iceberg",), id="fake-gcs-server"),
@@ -78,16 +76,7 @@ def consume_all(bootstrap: str) -> list[Row]:
 
 def tables(running: RunningIcefloe, env: dict[str, str]) -> list[dict[str, Any]]:
     """`icefloe tables --json`, with the same configuration as the broker."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "icefloe", "tables", "--json"],
-        cwd=running.data_dir.parent,
-        env={**clean, **env, "ICEFLOE_DATA_DIR": str(running.data_dir)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return [row for row in json.loads(result.stdout) if row["topic"] == TOPIC]
+    return [row for row in tables_json(running.data_dir, env) if row["topic"] == TOPIC]
 
 
 def wait_until_compacted(running: RunningIcefloe, env: dict[str, str]) -> list[dict[str, Any]]:
