@@ -29,7 +29,6 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
-from icefloe.broker.broker import Broker
 from icefloe.broker.event_loop import event_loop_factory
 from icefloe.broker.heap import reuse_large_blocks
 from icefloe.broker.long_lived import freeze_long_lived, freeze_new_imports
@@ -78,6 +77,9 @@ def run_broker(
     registry_port: int | None = None,
 ) -> None:
     """Body of a broker process: start, report, serve until SIGTERM/SIGINT, stop cleanly."""
+    # Imported here, in the broker's process: the supervising one never needs the broker.
+    from icefloe.broker.broker import Broker
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s broker[%(process)d] %(message)s")
     if config.broker.pin_to_core:  # before any thread starts: they inherit the core
         core = pin_to_one_core(index)

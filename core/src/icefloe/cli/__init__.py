@@ -2,20 +2,46 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
-from icefloe.cli.commands import config_group, contract_test, plugins, serve
-from icefloe.cli.cost import cost
-from icefloe.cli.groups import groups
-from icefloe.cli.tables import compact, maintain, tables
-from icefloe.cli.topics import topics
-from icefloe.cli.users import users
 from icefloe.errors import IcefloeError
 
+_COMMANDS = {
+    "plugins": "icefloe.cli.commands:plugins",
+    "config": "icefloe.cli.commands:config_group",
+    "contract-test": "icefloe.cli.commands:contract_test",
+    "serve": "icefloe.cli.commands:serve",
+    "compact": "icefloe.cli.tables:compact",
+    "maintain": "icefloe.cli.tables:maintain",
+    "tables": "icefloe.cli.tables:tables",
+    "topics": "icefloe.cli.topics:topics",
+    "groups": "icefloe.cli.groups:groups",
+    "cost": "icefloe.cli.cost:cost",
+    "users": "icefloe.cli.users:users",
+}
+"""Each command and where it is defined: a command's module is imported when it runs (or for
+``--help``), so ``icefloe serve`` does not import what compaction or table commands need, nor
+do the processes it starts that import this module again."""
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = _COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module, name = where.split(":")
+        command = getattr(importlib.import_module(module), name)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="icefloe")
 @click.option(
     "--config",
@@ -28,19 +54,6 @@ from icefloe.errors import IcefloeError
 def cli(ctx: click.Context, config_path: str | None) -> None:
     """Icefloe: a Kafka-compatible streaming engine whose topics are lakehouse tables."""
     ctx.obj = {"config_path": config_path}
-
-
-cli.add_command(plugins)
-cli.add_command(config_group)
-cli.add_command(contract_test)
-cli.add_command(serve)
-cli.add_command(compact)
-cli.add_command(maintain)
-cli.add_command(tables)
-cli.add_command(topics)
-cli.add_command(groups)
-cli.add_command(cost)
-cli.add_command(users)
 
 
 def main(argv: list[str] | None = None) -> None:
