@@ -12,11 +12,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
 
 from icefloe.cli import cli
+from icefloe.cli.tables import _describe_table
+from icefloe.errors import NotFoundError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
 from icefloe.topics.registry import TopicRegistry
@@ -58,6 +62,34 @@ def test_tables_reports_a_table_not_yet_created_and_leaves_it_so(
     assert {(r["format"], r["commit"], r["files"], r["lag_records"]) for r in rows} == {
         ("iceberg", 1, 1, 0),
         ("delta", 1, 1, 0),
+    }
+
+
+class _DroppedWhileRead:
+    """A topic's table that the drop of its deleted topic removes after its last commit was
+    read, before its files are: the manifest they are listed in is gone."""
+
+    async def last_commit(self, spec: Any) -> int:
+        return 4
+
+    async def ensure_table(self, spec: Any) -> Any:
+        return SimpleNamespace(
+            identifier=spec.identifier, location=spec.location, metadata_location="m"
+        )
+
+    async def files(self, spec: Any) -> list[Any]:
+        raise NotFoundError("the manifest listing the table's files is gone")
+
+
+def test_tables_reports_a_table_dropped_while_it_is_read_as_missing() -> None:
+    spec = SimpleNamespace(identifier="icefloe.t", location="file:///tables/t")
+    row = asyncio.run(_describe_table(cast(Any, _DroppedWhileRead()), cast(Any, spec)))
+    assert row == {
+        "identifier": "icefloe.t",
+        "location": "file:///tables/t",
+        "metadata_location": None,
+        "commit": None,
+        "files": None,
     }
 
 

@@ -303,18 +303,19 @@ async def _dead_letters(compactor: Compactor, topic: Topic) -> int | None:
 async def _describe_table(table_format: TableFormat, spec: TableSpec) -> dict[str, Any]:
     """Where the table is and how far it got, without creating it: the first compaction of
     the topic does that, and a table the CLI created could race the broker's."""
+    missing = {
+        "identifier": spec.identifier,
+        "location": spec.location,
+        "metadata_location": None,
+        "commit": None,
+        "files": None,
+    }
     try:
         commit = await _patiently(lambda: table_format.last_commit(spec))
-    except NotFoundError:
-        return {
-            "identifier": spec.identifier,
-            "location": spec.location,
-            "metadata_location": None,
-            "commit": None,
-            "files": None,
-        }
-    info = await _patiently(lambda: table_format.ensure_table(spec))
-    files = await _patiently(lambda: table_format.files(spec))
+        info = await _patiently(lambda: table_format.ensure_table(spec))
+        files = await _patiently(lambda: table_format.files(spec))
+    except NotFoundError:  # not created yet, or dropped meanwhile with its deleted topic
+        return missing
     return {
         "identifier": info.identifier,
         "location": info.location,
