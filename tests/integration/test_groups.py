@@ -37,9 +37,11 @@ from tests.support.topics import create_topic
 PARTITIONS = 12
 
 
-@pytest.fixture
-def icefloe(tmp_path: Path) -> Iterator[RunningIcefloe]:
-    running = start_icefloe(tmp_path / "data", env=BROKER_ENV)
+@pytest.fixture(scope="module")
+def icefloe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe]:
+    """One cluster for the module's tests that need no restart: each has topics and groups of
+    its own (named after the client library it runs)."""
+    running = start_icefloe(tmp_path_factory.mktemp("groups") / "data", env=BROKER_ENV)
     yield running
     running.stop()
 
@@ -57,15 +59,16 @@ def expected(count: int) -> Counter[bytes]:
 def test_members_share_partitions_rebalance_and_consume_each_record_once(
     icefloe: RunningIcefloe, kind: str
 ) -> None:
-    create_topic(icefloe, "events", PARTITIONS)
-    produce(icefloe.bootstrap, "events", range(0, 120), PARTITIONS)
-    members = [Member(kind, icefloe.bootstrap, "shared", "events").start() for _ in range(3)]
+    topic, group = f"events-{kind}", f"shared-{kind}"
+    create_topic(icefloe, topic, PARTITIONS)
+    produce(icefloe.bootstrap, topic, range(0, 120), PARTITIONS)
+    members = [Member(kind, icefloe.bootstrap, group, topic).start() for _ in range(3)]
     everyone = list(members)
     try:
         wait_until(lambda: partitioned(members, PARTITIONS), "3 members own 12 partitions")
-        produce(icefloe.bootstrap, "events", range(120, 240), PARTITIONS)
+        produce(icefloe.bootstrap, topic, range(120, 240), PARTITIONS)
 
-        fourth = Member(kind, icefloe.bootstrap, "shared", "events").start()
+        fourth = Member(kind, icefloe.bootstrap, group, topic).start()
         members.append(fourth)
         everyone.append(fourth)
         wait_until(lambda: partitioned(members, PARTITIONS), "a 4th member gets a share")
@@ -73,7 +76,7 @@ def test_members_share_partitions_rebalance_and_consume_each_record_once(
         leaving = members.pop(0)
         leaving.stop()
         wait_until(lambda: partitioned(members, PARTITIONS), "the rest take over its share")
-        produce(icefloe.bootstrap, "events", range(240, 360), PARTITIONS)
+        produce(icefloe.bootstrap, topic, range(240, 360), PARTITIONS)
 
         wait_until(lambda: set(values(everyone)) == set(expected(360)), "all 360 consumed")
     finally:
@@ -83,28 +86,39 @@ def test_members_share_partitions_rebalance_and_consume_each_record_once(
     assert values(everyone) == expected(360)  # every record once, none twice
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
-def test_committed_offsets_survive_a_restart_of_every_broker(tmp_path: Path, kind: str) -> None:
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe]:
+    """A cluster started again on the data of one whose brokers all stopped after a group of
+    each client library had consumed (and committed) the first 40 records of its topic."""
+    data = tmp_path_factory.mktemp("restarted") / "data"
     first = start_icefloe(data, env=BROKER_ENV)
     try:
-        create_topic(first, "log", 4)
-        produce(first.bootstrap, "log", range(0, 40), 4)
-        before = Member(kind, first.bootstrap, "resumer", "log").start()
-        wait_until(lambda: len(before.consumed) == 40, "the first 40 are consumed")
-        before.stop()
+        for kind in KINDS:
+            consume_the_first_40(first, kind)
     finally:
         first.stop()
-
     second = start_icefloe(data, env=BROKER_ENV)
-    try:
-        produce(second.bootstrap, "log", range(40, 80), 4)
-        after = Member(kind, second.bootstrap, "resumer", "log").start()
-        wait_until(lambda: len(after.consumed) >= 40, "the next 40 are consumed")
-        after.stop()
-    finally:
-        second.stop()
+    yield second
+    second.stop()
+
+
+def consume_the_first_40(cluster: RunningIcefloe, kind: str) -> None:
+    create_topic(cluster, f"log-{kind}", 4)
+    produce(cluster.bootstrap, f"log-{kind}", range(0, 40), 4)
+    before = Member(kind, cluster.bootstrap, f"resumer-{kind}", f"log-{kind}").start()
+    wait_until(lambda: len(before.consumed) == 40, f"{kind}: the first 40 are consumed")
+    before.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_committed_offsets_survive_a_restart_of_every_broker(
+    restarted: RunningIcefloe, kind: str
+) -> None:
+    produce(restarted.bootstrap, f"log-{kind}", range(40, 80), 4)
+    after = Member(kind, restarted.bootstrap, f"resumer-{kind}", f"log-{kind}").start()
+    wait_until(lambda: len(after.consumed) >= 40, "the next 40 are consumed")
+    after.stop()
     assert Counter(v for _, _, v in after.consumed) == expected(80) - expected(40)
 
 
