@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,27 @@ TOPIC = "reads"
 BASE = 1_700_000_000_000
 
 
-@pytest.fixture
-def icefloe_with_topic(tmp_path: Path) -> Iterator[RunningIcefloe]:
-    """One broker with the one-partition topic the tests use."""
-    running = start_icefloe(tmp_path / "data")
-    create_topic(running, TOPIC, 1)
+@dataclass(frozen=True)
+class Reads:
+    """A broker and a one-partition topic of the test's own."""
+
+    bootstrap: str
+    topic: str
+
+
+@pytest.fixture(scope="module")
+def one_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(tmp_path_factory.mktemp("reads") / "data")
     yield running
     running.stop()
+
+
+@pytest.fixture
+def reads(one_broker: RunningIcefloe, request: pytest.FixtureRequest) -> Reads:
+    """The module's broker, with a new topic for each test: its log starts empty."""
+    topic = f"reads-{request.node.name}".translate(str.maketrans("[]", "--"))[:200]
+    create_topic(one_broker, topic, 1)
+    return Reads(one_broker.bootstrap, topic)
 
 
 @pytest.fixture
@@ -59,16 +74,18 @@ def two_zones(tmp_path: Path) -> Iterator[tuple[RunningIcefloe, RunningIcefloe]]
     z1.stop()
 
 
-def write(address: str, values: list[bytes], *, timestamp: int | None = None) -> Any:
+def write(
+    address: str, values: list[bytes], *, timestamp: int | None = None, topic: str = TOPIC
+) -> Any:
     """Produce one batch through the broker at ``address``; return the partition answer."""
     with KafkaWire(address) as wire:
-        response = wire.request(produce_request(TOPIC, 0, batch_of(values, timestamp=timestamp)))
+        response = wire.request(produce_request(topic, 0, batch_of(values, timestamp=timestamp)))
     return response.responses[0].partition_responses[0]
 
 
-def fetch(address: str, offset: int, **kwargs: Any) -> Any:
+def fetch(address: str, offset: int, topic: str = TOPIC, **kwargs: Any) -> Any:
     with KafkaWire(address) as wire:
-        response = wire.request(fetch_request(TOPIC, 0, offset, **kwargs))
+        response = wire.request(fetch_request(topic, 0, offset, **kwargs))
     return response.responses[0].partitions[0]
 
 
@@ -112,28 +129,30 @@ def test_every_broker_of_a_run_serves_every_partition(two_brokers: RunningIceflo
 
 
 def test_offsets_for_times_finds_the_first_record_at_or_after(
-    icefloe_with_topic: RunningIcefloe,
+    reads: Reads,
 ) -> None:
     for n in range(10):  # ten batches, ten seconds apart
-        write(icefloe_with_topic.bootstrap, [f"r{n}".encode()], timestamp=BASE + 10_000 * n)
+        write(reads.bootstrap, [f"r{n}".encode()], timestamp=BASE + 10_000 * n, topic=reads.topic)
     wanted = [BASE + 35_000, BASE + 40_000, BASE + 1_000_000]
 
     consumer = confluent_kafka.Consumer(
-        {"bootstrap.servers": icefloe_with_topic.bootstrap, "group.id": "unused"}
+        {"bootstrap.servers": reads.bootstrap, "group.id": "unused"}
     )
     try:
         # One partition per call: librdkafka merges entries for the same partition.
         found = [
-            consumer.offsets_for_times([confluent_kafka.TopicPartition(TOPIC, 0, t)], timeout=10)
+            consumer.offsets_for_times(
+                [confluent_kafka.TopicPartition(reads.topic, 0, t)], timeout=10
+            )
             for t in wanted
         ]
     finally:
         consumer.close()
     assert [tp.offset for [tp] in found] == [4, 4, -1]
 
-    legacy = kafka.KafkaConsumer(bootstrap_servers=icefloe_with_topic.bootstrap)
+    legacy = kafka.KafkaConsumer(bootstrap_servers=reads.bootstrap)
     try:
-        partition = kafka.TopicPartition(TOPIC, 0)
+        partition = kafka.TopicPartition(reads.topic, 0)
         answers = [legacy.offsets_for_times({partition: t})[partition] for t in wanted]
     finally:
         legacy.close()
@@ -145,12 +164,12 @@ def test_offsets_for_times_finds_the_first_record_at_or_after(
 
 
 def test_list_offsets_answers_earliest_latest_and_max_timestamp(
-    icefloe_with_topic: RunningIcefloe,
+    reads: Reads,
 ) -> None:
     for n, stamp in enumerate([BASE + 5, BASE + 90, BASE + 20]):
-        write(icefloe_with_topic.bootstrap, [f"r{n}".encode()], timestamp=stamp)
-    admin = AdminClient({"bootstrap.servers": icefloe_with_topic.bootstrap})
-    partition = confluent_kafka.TopicPartition(TOPIC, 0)
+        write(reads.bootstrap, [f"r{n}".encode()], timestamp=stamp, topic=reads.topic)
+    admin = AdminClient({"bootstrap.servers": reads.bootstrap})
+    partition = confluent_kafka.TopicPartition(reads.topic, 0)
 
     def offset(spec: OffsetSpec) -> Any:
         return admin.list_offsets({partition: spec})[partition].result(10)
@@ -161,12 +180,12 @@ def test_list_offsets_answers_earliest_latest_and_max_timestamp(
     assert (newest.offset, newest.timestamp) == (1, BASE + 90)
 
 
-def test_the_single_leader_epoch_ends_at_the_log_end(icefloe_with_topic: RunningIcefloe) -> None:
-    write(icefloe_with_topic.bootstrap, [b"a", b"b", b"c"])
+def test_the_single_leader_epoch_ends_at_the_log_end(reads: Reads) -> None:
+    write(reads.bootstrap, [b"a", b"b", b"c"], topic=reads.topic)
     request = OffsetForLeaderEpochRequest(
         topics=(
             OffsetForLeaderTopic(
-                topic=TOPIC,
+                topic=reads.topic,
                 partitions=(
                     OffsetForLeaderPartition(partition=i32(0), leader_epoch=i32(0)),
                     OffsetForLeaderPartition(partition=i32(0), leader_epoch=i32(7)),
@@ -174,7 +193,7 @@ def test_the_single_leader_epoch_ends_at_the_log_end(icefloe_with_topic: Running
             ),
         )
     )
-    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+    with KafkaWire(reads.bootstrap) as wire:
         answers = wire.request(request).topics[0].partitions
 
     assert [(a.error_code, a.leader_epoch, a.end_offset) for a in answers] == [
@@ -187,14 +206,14 @@ def test_the_single_leader_epoch_ends_at_the_log_end(icefloe_with_topic: Running
 
 
 def test_a_waiting_fetch_returns_as_soon_as_a_record_arrives(
-    icefloe_with_topic: RunningIcefloe,
+    reads: Reads,
 ) -> None:
-    address = icefloe_with_topic.bootstrap
+    address = reads.bootstrap
     with KafkaWire(address) as waiting:
-        request = fetch_request(TOPIC, 0, 0, max_wait_ms=20_000)
+        request = fetch_request(reads.topic, 0, 0, max_wait_ms=20_000)
         waiting.send(request)
         time.sleep(0.5)  # the fetch is parked at the log end by now
-        assert write(address, [b"late"]).error_code == ErrorCode.none
+        assert write(address, [b"late"], topic=reads.topic).error_code == ErrorCode.none
         written = time.monotonic()
         answer = waiting.receive(request).responses[0].partitions[0]
         waited = time.monotonic() - written
@@ -205,9 +224,9 @@ def test_a_waiting_fetch_returns_as_soon_as_a_record_arrives(
 
 
 def test_a_consumer_at_the_log_end_gets_a_new_record_within_its_wait(
-    icefloe_with_topic: RunningIcefloe,
+    reads: Reads,
 ) -> None:
-    address = icefloe_with_topic.bootstrap
+    address = reads.bootstrap
     consumer = confluent_kafka.Consumer(
         {
             "bootstrap.servers": address,
@@ -217,9 +236,9 @@ def test_a_consumer_at_the_log_end_gets_a_new_record_within_its_wait(
         }
     )
     try:
-        consumer.assign([confluent_kafka.TopicPartition(TOPIC, 0, 0)])
+        consumer.assign([confluent_kafka.TopicPartition(reads.topic, 0, 0)])
         assert consumer.poll(1.0) is None  # a fetch is now waiting on the empty partition
-        write(address, [b"late"])
+        write(address, [b"late"], topic=reads.topic)
         written = time.monotonic()
         message = consumer.poll(15.0)
         waited = time.monotonic() - written
@@ -232,14 +251,14 @@ def test_a_consumer_at_the_log_end_gets_a_new_record_within_its_wait(
 
 
 def test_a_fetch_returns_whole_batches_within_its_limits(
-    icefloe_with_topic: RunningIcefloe,
+    reads: Reads,
 ) -> None:
     batch_size = len(batch_of([bytes(1000)]))
     for _ in range(3):
-        write(icefloe_with_topic.bootstrap, [bytes(1000)])
+        write(reads.bootstrap, [bytes(1000)], topic=reads.topic)
 
-    tiny = fetch(icefloe_with_topic.bootstrap, 0, partition_max_bytes=10)
-    two = fetch(icefloe_with_topic.bootstrap, 0, partition_max_bytes=2 * batch_size + 10)
+    tiny = fetch(reads.bootstrap, 0, partition_max_bytes=10, topic=reads.topic)
+    two = fetch(reads.bootstrap, 0, partition_max_bytes=2 * batch_size + 10, topic=reads.topic)
 
     assert len(tiny.records) == batch_size  # one whole batch beats no progress
     assert len(two.records) == 2 * batch_size
@@ -279,22 +298,22 @@ def test_partitions_read_at_once_keep_the_limits_of_partitions_read_in_turn(
     assert sizes(capped) == [(2, len(batch)), (0, 0), (1, 0)]  # read in turn: no room left
 
 
-def test_a_fetch_beyond_the_log_end_is_out_of_range(icefloe_with_topic: RunningIcefloe) -> None:
-    write(icefloe_with_topic.bootstrap, [b"a"])
+def test_a_fetch_beyond_the_log_end_is_out_of_range(reads: Reads) -> None:
+    write(reads.bootstrap, [b"a"], topic=reads.topic)
 
-    at_end = fetch(icefloe_with_topic.bootstrap, 1)
-    beyond = fetch(icefloe_with_topic.bootstrap, 2)
+    at_end = fetch(reads.bootstrap, 1, topic=reads.topic)
+    beyond = fetch(reads.bootstrap, 2, topic=reads.topic)
 
     assert (at_end.error_code, at_end.records) == (ErrorCode.none, b"")
     assert beyond.error_code == ErrorCode.offset_out_of_range
 
 
 def test_an_incremental_fetch_learns_that_there_are_no_sessions(
-    icefloe_with_topic: RunningIcefloe,
+    reads: Reads,
 ) -> None:
-    request = fetch_request(TOPIC, 0, 0)
+    request = fetch_request(reads.topic, 0, 0)
     incremental = dataclasses.replace(request, session_id=i32(12345), session_epoch=i32(3))
-    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+    with KafkaWire(reads.bootstrap) as wire:
         full = wire.request(request)
         answer = wire.request(incremental)
 
@@ -303,8 +322,8 @@ def test_an_incremental_fetch_learns_that_there_are_no_sessions(
     assert answer.responses == ()
 
 
-def test_fetching_an_unknown_topic_says_so(icefloe_with_topic: RunningIcefloe) -> None:
-    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
+def test_fetching_an_unknown_topic_says_so(reads: Reads) -> None:
+    with KafkaWire(reads.bootstrap) as wire:
         response = wire.request(fetch_request("no-such-topic", 0, 0))
     data = response.responses[0].partitions[0]
     assert data.error_code == ErrorCode.unknown_topic_or_partition

@@ -12,12 +12,22 @@ from confluent_kafka.admin import AdminClient
 from tests.support.broker import RunningIcefloe, start_icefloe
 
 
-@pytest.fixture
-def two_zones(tmp_path: Path) -> Iterator[tuple[RunningIcefloe, RunningIcefloe]]:
+def start_two_zones(data: Path) -> tuple[RunningIcefloe, RunningIcefloe]:
     """Two `icefloe serve` runs sharing one data directory, in zones z1 and z2."""
-    data = tmp_path / "data"
     z1 = start_icefloe(data, env={"ICEFLOE_BROKER__ZONE": "z1"})
-    z2 = start_icefloe(data, env={"ICEFLOE_BROKER__ZONE": "z2"})
+    try:
+        return z1, start_icefloe(data, env={"ICEFLOE_BROKER__ZONE": "z2"})
+    except BaseException:
+        z1.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def two_zones(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RunningIcefloe, RunningIcefloe]]:
+    """Both zones, for the tests that only ask for metadata."""
+    z1, z2 = start_two_zones(tmp_path_factory.mktemp("zones") / "data")
     yield z1, z2
     z2.stop()
     z1.stop()
@@ -51,13 +61,15 @@ def test_client_of_an_empty_zone_sees_every_broker(
     assert broker_ports(z1.bootstrap, "app,zone_id=z3") == {z1.port, z2.port}
 
 
-def test_a_stopped_broker_leaves_the_metadata(
-    two_zones: tuple[RunningIcefloe, RunningIcefloe],
-) -> None:
-    z1, z2 = two_zones
-    assert z2.stop() == 0  # a clean exit on SIGTERM
-    # Membership reaches other brokers by notification: allow it a moment to arrive.
-    deadline = time.monotonic() + 10
-    while broker_ports(z1.bootstrap, "app") != {z1.port}:
-        assert time.monotonic() < deadline, "the stopped broker is still listed"
-        time.sleep(0.1)
+def test_a_stopped_broker_leaves_the_metadata(tmp_path: Path) -> None:
+    z1, z2 = start_two_zones(tmp_path / "data")
+    try:
+        assert z2.stop() == 0  # a clean exit on SIGTERM
+        # Membership reaches other brokers by notification: allow it a moment to arrive.
+        deadline = time.monotonic() + 10
+        while broker_ports(z1.bootstrap, "app") != {z1.port}:
+            assert time.monotonic() < deadline, "the stopped broker is still listed"
+            time.sleep(0.1)
+    finally:
+        z2.stop()
+        z1.stop()
