@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,12 +26,19 @@ from tests.support.topics import create_topic, log_end, stored_records
 TOPIC = "idempotent"
 
 
-@pytest.fixture
-def two_brokers(tmp_path: Path) -> Iterator[RunningIcefloe]:
-    running = start_icefloe(tmp_path / "data", brokers=2)
-    create_topic(running, TOPIC, 1)
+@pytest.fixture(scope="module")
+def two_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe]:
+    running = start_icefloe(tmp_path_factory.mktemp("idempotent") / "data", brokers=2)
     yield running
     running.stop()
+
+
+@pytest.fixture
+def topic(two_brokers: RunningIcefloe, request: pytest.FixtureRequest) -> str:
+    """A one-partition topic of the test's own: its log starts empty."""
+    name = f"{TOPIC}-{request.node.name}".translate(str.maketrans("[]", "--"))[:200]
+    create_topic(two_brokers, name, 1)
+    return name
 
 
 def init_producer_id(wire: KafkaWire, transactional_id: str | None = None) -> Any:
@@ -46,30 +52,31 @@ def init_producer_id(wire: KafkaWire, transactional_id: str | None = None) -> An
     )
 
 
-def produce_answer(wire: KafkaWire, records: bytes, **kwargs: Any) -> Any:
-    """The one partition answer of a Produce request for the test topic."""
-    response = wire.request(produce_request(TOPIC, 0, records, **kwargs))
+def produce_answer(wire: KafkaWire, topic: str, records: bytes, **kwargs: Any) -> Any:
+    """The one partition answer of a Produce request for partition 0 of ``topic``."""
+    response = wire.request(produce_request(topic, 0, records, **kwargs))
     return response.responses[0].partition_responses[0]
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_an_idempotent_client_writes_every_record_once(
-    two_brokers: RunningIcefloe, client: str
+    two_brokers: RunningIcefloe, topic: str, client: str
 ) -> None:
     messages = [
         Message(0, -1, f"k{i}".encode(), f"v{i}".encode(), (), 1_700_000_000_000 + i)
         for i in range(5_000)
     ]
-    produce(client, two_brokers.bootstrap, TOPIC, messages, idempotent=True)
-    got = consume("confluent", two_brokers.bootstrap, TOPIC, {0: len(messages)})[0]
+    produce(client, two_brokers.bootstrap, topic, messages, idempotent=True)
+    got = consume("confluent", two_brokers.bootstrap, topic, {0: len(messages)})[0]
     assert [(m.offset, m.key, m.value) for m in got] == [
         (i, m.key, m.value) for i, m in enumerate(messages)
     ]
-    assert log_end(two_brokers, TOPIC, 0) == len(messages)
+    assert log_end(two_brokers, topic, 0) == len(messages)
 
 
 def test_a_retried_batch_through_another_broker_is_stored_once(
     two_brokers: RunningIcefloe,
+    topic: str,
 ) -> None:
     with (
         KafkaWire(two_brokers.broker_address(0)) as first,
@@ -78,39 +85,40 @@ def test_a_retried_batch_through_another_broker_is_stored_once(
         producer = init_producer_id(first)
         pid, epoch = producer.producer_id, producer.producer_epoch
         batch = batch_of([b"a", b"b", b"c"], producer_id=pid, producer_epoch=epoch, base_sequence=0)
-        original = produce_answer(first, batch)
-        retried = produce_answer(second, batch)
+        original = produce_answer(first, topic, batch)
+        retried = produce_answer(second, topic, batch)
         following = batch_of([b"d"], producer_id=pid, producer_epoch=epoch, base_sequence=3)
-        next_batch = produce_answer(second, following)
+        next_batch = produce_answer(second, topic, following)
 
     assert (original.error_code, original.base_offset) == (ErrorCode.none, 0)
     assert (retried.error_code, retried.base_offset) == (ErrorCode.none, 0)
     assert (next_batch.error_code, next_batch.base_offset) == (ErrorCode.none, 3)
-    assert [r.value for r in stored_records(two_brokers, TOPIC, 0)] == [b"a", b"b", b"c", b"d"]
+    assert [r.value for r in stored_records(two_brokers, topic, 0)] == [b"a", b"b", b"c", b"d"]
 
 
-def test_a_sequence_gap_is_refused_and_not_stored(two_brokers: RunningIcefloe) -> None:
+def test_a_sequence_gap_is_refused_and_not_stored(two_brokers: RunningIcefloe, topic: str) -> None:
     with KafkaWire(two_brokers.bootstrap) as wire:
         producer = init_producer_id(wire)
         ids = {"producer_id": producer.producer_id, "producer_epoch": producer.producer_epoch}
-        first = produce_answer(wire, batch_of([b"a"], base_sequence=0, **ids))
+        first = produce_answer(wire, topic, batch_of([b"a"], base_sequence=0, **ids))
         assert first.error_code == ErrorCode.none
-        gap = produce_answer(wire, batch_of([b"z"], base_sequence=5, **ids))
+        gap = produce_answer(wire, topic, batch_of([b"z"], base_sequence=5, **ids))
 
     assert gap.error_code == ErrorCode.out_of_order_sequence_number
     assert gap.error_message
-    assert [r.value for r in stored_records(two_brokers, TOPIC, 0)] == [b"a"]
+    assert [r.value for r in stored_records(two_brokers, topic, 0)] == [b"a"]
 
 
 def test_pipelined_batches_of_one_connection_keep_their_order(
     two_brokers: RunningIcefloe,
+    topic: str,
 ) -> None:
     """What an idempotent client with five requests in flight relies on."""
     with KafkaWire(two_brokers.bootstrap) as wire:
         producer = init_producer_id(wire)
         requests = [
             produce_request(
-                TOPIC,
+                topic,
                 0,
                 batch_of(
                     [f"{n}-{i}".encode() for i in range(3)],
@@ -128,7 +136,7 @@ def test_pipelined_batches_of_one_connection_keep_their_order(
     assert [(a.error_code, a.base_offset) for a in answers] == [
         (ErrorCode.none, 3 * n) for n in range(5)
     ]
-    assert [r.value for r in stored_records(two_brokers, TOPIC, 0)] == [
+    assert [r.value for r in stored_records(two_brokers, topic, 0)] == [
         f"{n}-{i}".encode() for n in range(5) for i in range(3)
     ]
 
@@ -158,6 +166,7 @@ def test_a_transactional_id_gets_a_producer_id_and_each_new_instance_a_newer_epo
 
 def test_transactional_records_outside_a_transaction_are_refused_and_not_stored(
     two_brokers: RunningIcefloe,
+    topic: str,
 ) -> None:
     with KafkaWire(two_brokers.bootstrap) as wire:
         producer = init_producer_id(wire, transactional_id="strays")
@@ -169,7 +178,7 @@ def test_transactional_records_outside_a_transaction_are_refused_and_not_stored(
             is_transactional=True,
         )
         # No AddPartitionsToTxn first: the partition is in no transaction of this producer.
-        answer = produce_answer(wire, records, transactional_id="strays")
+        answer = produce_answer(wire, topic, records, transactional_id="strays")
 
     assert answer.error_code == ErrorCode.invalid_txn_state
-    assert log_end(two_brokers, TOPIC, 0) == 0
+    assert log_end(two_brokers, topic, 0) == 0
