@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ TOPIC = "reads"
 BASE = 1_700_000_000_000
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Reads:
     """A broker and a one-partition topic of the test's own."""
 

@@ -58,6 +58,7 @@ def run_java(
     main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
     """``main_class`` from Kafka's jars, run to the end."""
+    java = java_executable()
     archive = CLASS_ARCHIVES / f"{main_class}.jsa"
     archive_part = None
     if archive.exists():
@@ -67,7 +68,7 @@ def run_java(
         archive_part = archive.with_name(f"{archive.name}.{uuid.uuid4().hex}.part")
         sharing = [f"-XX:ArchiveClassesAtExit={archive_part}"]
     command = [
-        java_executable(),
+        java,
         "-Xmx256m",
         "-XX:TieredStopAtLevel=1",  # quick start-up matters more than peak speed here
         *sharing,
