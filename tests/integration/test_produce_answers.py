@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,28 @@ from tests.support.topics import create_topic, log_end, with_storage
 TOPIC = "answers"
 
 
-@pytest.fixture
-def icefloe_with_topic(tmp_path: Path) -> Iterator[RunningIcefloe]:
-    running = start_icefloe(tmp_path / "data")
+@pytest.fixture(scope="module")
+def icefloe_with_topic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe]:
+    """One broker for the module, with a one-partition topic that nothing is written to."""
+    running = start_icefloe(tmp_path_factory.mktemp("answers") / "data")
     create_topic(running, TOPIC, 1)
     yield running
     running.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class Fresh:
+    """The module's broker and a one-partition topic of the test's own."""
+
+    icefloe: RunningIcefloe
+    topic: str
+
+
+@pytest.fixture
+def fresh(icefloe_with_topic: RunningIcefloe, request: pytest.FixtureRequest) -> Fresh:
+    topic = f"{TOPIC}-{request.node.name}".translate(str.maketrans("[]", "--"))[:200]
+    create_topic(icefloe_with_topic, topic, 1)
+    return Fresh(icefloe_with_topic, topic)
 
 
 @pytest.fixture
@@ -40,29 +57,29 @@ def answer_of(response: Any) -> Any:
     return response.responses[0].partition_responses[0]
 
 
-def test_acks_0_is_written_and_not_answered(icefloe_with_topic: RunningIcefloe) -> None:
-    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
-        wire.send(produce_request(TOPIC, 0, batch_of([b"quiet"]), acks=0))
+def test_acks_0_is_written_and_not_answered(fresh: Fresh) -> None:
+    with KafkaWire(fresh.icefloe.bootstrap) as wire:
+        wire.send(produce_request(fresh.topic, 0, batch_of([b"quiet"]), acks=0))
         # The next answer on this connection is the fetch's: the produce got none.
-        fetched = wire.request(fetch_request(TOPIC, 0, 0, max_wait_ms=5_000))
+        fetched = wire.request(fetch_request(fresh.topic, 0, 0, max_wait_ms=5_000))
 
     assert fetched.responses[0].partitions[0].high_watermark == 1
 
 
-def test_acks_1_is_durable_like_acks_all(icefloe_with_topic: RunningIcefloe) -> None:
-    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
-        answer = answer_of(wire.request(produce_request(TOPIC, 0, batch_of([b"x"]), acks=1)))
+def test_acks_1_is_durable_like_acks_all(fresh: Fresh) -> None:
+    with KafkaWire(fresh.icefloe.bootstrap) as wire:
+        answer = answer_of(wire.request(produce_request(fresh.topic, 0, batch_of([b"x"]), acks=1)))
 
     assert (answer.error_code, answer.base_offset) == (ErrorCode.none, 0)
-    assert log_end(icefloe_with_topic, TOPIC, 0) == 1  # committed before the answer
+    assert log_end(fresh.icefloe, fresh.topic, 0) == 1  # committed before the answer
 
 
-def test_acks_other_than_minus_1_0_1_are_refused(icefloe_with_topic: RunningIcefloe) -> None:
-    with KafkaWire(icefloe_with_topic.bootstrap) as wire:
-        answer = answer_of(wire.request(produce_request(TOPIC, 0, batch_of([b"x"]), acks=2)))
+def test_acks_other_than_minus_1_0_1_are_refused(fresh: Fresh) -> None:
+    with KafkaWire(fresh.icefloe.bootstrap) as wire:
+        answer = answer_of(wire.request(produce_request(fresh.topic, 0, batch_of([b"x"]), acks=2)))
 
     assert answer.error_code == ErrorCode.invalid_required_acks
-    assert log_end(icefloe_with_topic, TOPIC, 0) == 0
+    assert log_end(fresh.icefloe, fresh.topic, 0) == 0
 
 
 @pytest.mark.parametrize(("topic", "partition"), [("no-such-topic", 0), (TOPIC, 1)])
@@ -92,20 +109,22 @@ def test_strict_ownership_sends_clients_to_the_owner(strict_brokers: RunningIcef
     assert log_end(strict_brokers, TOPIC, 0) == 1
 
 
-def test_produce_answers_report_the_log_start(icefloe_with_topic: RunningIcefloe) -> None:
+def test_produce_answers_report_the_log_start(fresh: Fresh) -> None:
     def produce(value: bytes) -> Any:
-        with KafkaWire(icefloe_with_topic.bootstrap) as wire:
-            return answer_of(wire.request(produce_request(TOPIC, 0, batch_of([value, value]))))
+        with KafkaWire(fresh.icefloe.bootstrap) as wire:
+            return answer_of(
+                wire.request(produce_request(fresh.topic, 0, batch_of([value, value])))
+            )
 
     assert produce(b"first").log_start_offset == 0
     assert produce(b"second").log_start_offset == 0
 
     async def expire_the_first_entry(topics: Any, storage: Any) -> None:
-        stream = (await topics.get(TOPIC)).streams[0]
+        stream = (await topics.get(fresh.topic)).streams[0]
         first = await storage.index.first_entry(stream)
         assert await storage.offset_index.expire(stream, [first]) == 1
 
-    with_storage(icefloe_with_topic, expire_the_first_entry)  # as retention on any broker would
+    with_storage(fresh.icefloe, expire_the_first_entry)  # as retention on any broker would
     deadline = time.monotonic() + 10
     while (start := produce(b"later").log_start_offset) != 2:
         assert time.monotonic() < deadline, f"the log start stayed {start}"
