@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ from kio.schema.errors import ErrorCode
 
 from tests.support import admin_wire
 from tests.support.broker import RunningIcefloe, start_icefloe
+from tests.support.topics import own_topic_name
 
 TIMEOUT = 30
 _TIMEDELTA = datetime.timedelta(seconds=TIMEOUT)
@@ -64,7 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe
 @pytest.fixture
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic name of this test's own."""
-    return re.sub(r"[^a-zA-Z0-9._-]", "-", request.node.name)[:200]
+    return own_topic_name(request)
 
 
 # --- confluent-kafka -------------------------------------------------------------------------

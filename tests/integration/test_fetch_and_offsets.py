@@ -23,7 +23,7 @@ from kio.static.primitive import i32
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.kafka_clients import Message, consume, produce
 from tests.support.kafka_wire import KafkaWire, batch_of, fetch_request, produce_request
-from tests.support.topics import create_topic
+from tests.support.topics import create_topic, own_topic_name
 
 TOPIC = "reads"
 BASE = 1_700_000_000_000
@@ -47,7 +47,7 @@ def one_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcef
 @pytest.fixture
 def reads(one_broker: RunningIcefloe, request: pytest.FixtureRequest) -> Reads:
     """The module's broker, with a new topic for each test: its log starts empty."""
-    topic = f"reads-{request.node.name}".translate(str.maketrans("[]", "--"))[:200]
+    topic = own_topic_name(request, "reads-")
     create_topic(one_broker, topic, 1)
     return Reads(one_broker.bootstrap, topic)
 

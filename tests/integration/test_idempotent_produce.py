@@ -21,7 +21,7 @@ from icefloe.storage.records import Record, build_batch
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.kafka_clients import CLIENTS, Message, consume, produce
 from tests.support.kafka_wire import KafkaWire, batch_of, produce_request
-from tests.support.topics import create_topic, log_end, stored_records
+from tests.support.topics import create_topic, log_end, own_topic_name, stored_records
 
 TOPIC = "idempotent"
 
@@ -36,7 +36,7 @@ def two_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIce
 @pytest.fixture
 def topic(two_brokers: RunningIcefloe, request: pytest.FixtureRequest) -> str:
     """A one-partition topic of the test's own: its log starts empty."""
-    name = f"{TOPIC}-{request.node.name}".translate(str.maketrans("[]", "--"))[:200]
+    name = own_topic_name(request, f"{TOPIC}-")
     create_topic(two_brokers, name, 1)
     return name
 

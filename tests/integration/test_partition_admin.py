@@ -8,7 +8,6 @@ One `icefloe serve` is shared by the module's tests; each test works on its own 
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +21,7 @@ from kio.static.primitive import i32, i64
 from tests.support import admin_wire
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.kafka_wire import KafkaWire, batch_of, fetch_request, produce_request
+from tests.support.topics import own_topic_name
 
 TIMEOUT = 30
 
@@ -48,7 +48,7 @@ def kafka_python(cluster: RunningIcefloe) -> Iterator[KafkaAdminClient]:
 @pytest.fixture
 def topic(request: pytest.FixtureRequest, confluent: AdminClient) -> str:
     """A topic of this test's own, two partitions, ten records in partition 0."""
-    name = re.sub(r"[^a-zA-Z0-9._-]", "-", request.node.name)[:200]
+    name = own_topic_name(request)
     configs = {"cleanup.policy": "compact"} if "compact" in name else {}
     confluent.create_topics([NewTopic(name, 2, config=configs)])[name].result(TIMEOUT)
     producer = Producer({"bootstrap.servers": confluent_bootstrap(confluent)})

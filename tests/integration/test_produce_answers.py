@@ -14,7 +14,7 @@ from kio.schema.errors import ErrorCode
 
 from tests.support.broker import RunningIcefloe, start_icefloe
 from tests.support.kafka_wire import KafkaWire, batch_of, fetch_request, produce_request
-from tests.support.topics import create_topic, log_end, with_storage
+from tests.support.topics import create_topic, log_end, own_topic_name, with_storage
 
 TOPIC = "answers"
 
@@ -38,7 +38,7 @@ class Fresh:
 
 @pytest.fixture
 def fresh(icefloe_with_topic: RunningIcefloe, request: pytest.FixtureRequest) -> Fresh:
-    topic = f"{TOPIC}-{request.node.name}".translate(str.maketrans("[]", "--"))[:200]
+    topic = own_topic_name(request, f"{TOPIC}-")
     create_topic(icefloe_with_topic, topic, 1)
     return Fresh(icefloe_with_topic, topic)
 

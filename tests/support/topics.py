@@ -9,9 +9,12 @@ Kafka admin client instead; its callers need not change.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
+
+import pytest
 
 from icefloe.config import load_config
 from icefloe.storage.engine import StreamStorage
@@ -20,6 +23,12 @@ from icefloe.topics.registry import TopicRegistry
 from tests.support.broker import RunningIcefloe
 
 T = TypeVar("T")
+
+
+def own_topic_name(request: pytest.FixtureRequest, prefix: str = "") -> str:
+    """A legal topic name that is this test's own (its node name, parameters included), so
+    tests sharing one cluster never share a topic."""
+    return re.sub(r"[^a-zA-Z0-9._-]", "-", f"{prefix}{request.node.name}")[:200]
 
 
 def create_topic(icefloe: RunningIcefloe, name: str, partitions: int = 1) -> None:
