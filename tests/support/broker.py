@@ -139,6 +139,9 @@ def _start_once(
     environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
     environment.setdefault("ICEFLOE_METRICS__PORT", "0")  # free ports, printed by serve
     environment.setdefault("ICEFLOE_SCHEMA_REGISTRY__PORT", "0")
+    # Two test workers keep the machine's cores busy, so compaction that yields to a busy host
+    # would wait its longest in every test; tests/compaction/test_yielding.py tests yielding.
+    environment.setdefault("ICEFLOE_COMPACTOR__YIELD_ABOVE_CPU", "1")
     environment.update(env or {})
     log_path = data_dir.parent / f"{data_dir.name}-serve.log"
     log = log_path.open("w")

@@ -182,6 +182,12 @@ COMPACTION_BACKLOG_AGE: Final = Gauge(
     ["topic"],
     registry=COMPACTION,
 )
+COMPACTION_YIELDING: Final = Gauge(
+    "icefloe_compaction_yielding",
+    "1 while compaction waits because other processes keep the host's CPU busy ([compactor] "
+    "yield_above_cpu); 0 otherwise",
+    registry=COMPACTION,
+)
 
 # --- the process --------------------------------------------------------------------------------
 

@@ -273,7 +273,7 @@ async def _compact(config: Config, pipe: Connection) -> int:
     topics = TopicRegistry(storage, config.table.identifier)
     try:
         await topics.start()
-        compactor = await open_when_reachable(config, storage, topics, stop)
+        compactor = await open_when_reachable(config, storage, topics, stop, own_process=True)
         if compactor is None:
             return 0
         reported.compactor = compactor

@@ -11,12 +11,13 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Self
 
 from pydantic import Field
 
-from icefloe.compaction.task import run_task_in_worker
+from icefloe.compaction.task import WorkerResult, run_task_in_worker
 from icefloe.cpu_affinity import cores_before_pinning, use_cores
 from icefloe.errors import ConfigError
 from icefloe.ports.base import BackendOptions, OpenContext
@@ -34,8 +35,18 @@ class LocalCompactionOptions(BackendOptions):
 class LocalCompactionEngine(CompactionEngine):
     options_model = LocalCompactionOptions
 
-    def __init__(self, config: Any, workers: int, nice: int = 0) -> None:
+    def __init__(
+        self,
+        config: Any,
+        workers: int,
+        nice: int = 0,
+        before_task: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._config = config
+        self._before_task = before_task
+        # Tasks go to the pool only as workers free up, so that each one passes
+        # ``before_task`` just before it starts rather than all of a run's at once.
+        self._workers = asyncio.Semaphore(workers)
         self._pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
@@ -47,7 +58,7 @@ class LocalCompactionEngine(CompactionEngine):
     async def open(cls, options: LocalCompactionOptions, context: OpenContext) -> Self:
         if context.config is None:
             raise ConfigError("the local compaction engine needs the configuration to run tasks")
-        return cls(context.config, options.workers, options.nice)
+        return cls(context.config, options.workers, options.nice, context.before_local_task)
 
     def tasks_finished(self) -> int:
         return self._completed
@@ -55,20 +66,19 @@ class LocalCompactionEngine(CompactionEngine):
     _completed = 0
 
     async def _run(self, tasks: list[CompactionTask]) -> list[WrittenFile]:
-        loop = asyncio.get_running_loop()
-        futures = [
-            loop.run_in_executor(self._pool, run_task_in_worker, self._config, t) for t in tasks
-        ]
-        for future in futures:
-            future.add_done_callback(self._count)
-        results = await asyncio.gather(*futures)
+        results = await asyncio.gather(*(self._run_one(t) for t in tasks))
         for result in results:
             self.stats.add(result.requests)
         return [file for result in results for file in result.files]
 
-    def _count(self, future: asyncio.Future[Any]) -> None:
-        if not future.cancelled() and future.exception() is None:
-            self._completed += 1
+    async def _run_one(self, task: CompactionTask) -> WorkerResult:
+        async with self._workers:
+            if self._before_task is not None:
+                await self._before_task()
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._pool, run_task_in_worker, self._config, task)
+        self._completed += 1
+        return result
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.shutdown, True, cancel_futures=True)

@@ -29,12 +29,13 @@ from icefloe.compaction.planner import (
     plan_task,
     read_backlog,
 )
+from icefloe.compaction.yielding import LoadGate
 from icefloe.config.compactor import CompactorOptions
 from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION
 from icefloe.ports.base import OpenContext
 from icefloe.ports.compaction import CompactionEngine
-from icefloe.ports.metadata import MUST_NOT_EXIST
+from icefloe.ports.metadata import MUST_NOT_EXIST, Session
 from icefloe.ports.table import TableFormat, TableSpec
 from icefloe.storage.engine import StreamStorage
 from icefloe.tables import layout
@@ -75,6 +76,7 @@ class Compactor:
         engine: CompactionEngine,
         table_formats: Mapping[str, TableFormat],
         options: CompactorOptions,
+        gate: LoadGate | None = None,
     ) -> None:
         self.storage = storage
         self.topics = topics
@@ -82,6 +84,8 @@ class Compactor:
         self.table_formats = dict(table_formats)
         """The enabled table formats by name (``"iceberg"``), all committing the same files."""
         self._options = options
+        self._gate = gate or LoadGate(1.0, 0.0, None)
+        """Whether to wait for the host's clients before planning a run (:mod:`.yielding`)."""
         self.committer = Committer(
             storage.metadata,
             storage.offset_index,
@@ -115,27 +119,32 @@ class Compactor:
 
     @classmethod
     async def open(
-        cls, config: configuration.Config, storage: StreamStorage, topics: TopicRegistry
+        cls,
+        config: configuration.Config,
+        storage: StreamStorage,
+        topics: TopicRegistry,
+        *,
+        own_process: bool = False,
     ) -> Self:
-        """Open the configured compaction engine and table formats."""
+        """Open the configured compaction engine and table formats. ``own_process`` says
+        that this process is the compactor's alone (its CPU is compaction's, not clients')."""
+        options = config.compactor
+        gate = LoadGate.for_this_host(
+            options.yield_above_cpu, options.max_yield_s, own_process=own_process
+        )
         context = OpenContext(
             data_dir=config.data_dir,
             object_store=storage.object_store,
             wal=storage.wal,
             config=config,
+            before_local_task=gate.wait,
         )
         engine = await configuration.resolve_one(config, CompactionEngine).open(context)
         table_formats = {
             backend.name: await backend.open(context)
             for backend in configuration.resolve(config, TableFormat)
         }
-        return cls(
-            storage,
-            topics,
-            engine,
-            table_formats,
-            config.compactor,
-        )
+        return cls(storage, topics, engine, table_formats, options, gate)
 
     @property
     def engine(self) -> CompactionEngine:
@@ -177,7 +186,8 @@ class Compactor:
     ) -> int:
         """Compact in runs, at most ``max_runs_in_flight`` at once (each on streams no other
         running one holds), until nothing is due or ``max_runs`` were planned; returns the
-        number of tasks."""
+        number of tasks. In the background (:meth:`run`), no run is planned while the host is
+        busy with clients (:mod:`.yielding`)."""
         await self.drop_deleted_topics()
         tasks = 0
         for record in await self.committer.unfinished():
@@ -191,8 +201,10 @@ class Compactor:
         planned = 0
         try:
             while True:
-                while len(running) < self._options.max_runs_in_flight and (
-                    max_runs is None or planned < max_runs
+                while (
+                    len(running) < self._options.max_runs_in_flight
+                    and (max_runs is None or planned < max_runs)
+                    and not self._gate.holding()
                 ):
                     busy = frozenset(s.stream_id for p in running.values() for s in p.streams)
                     plan = await plan_task(
@@ -339,32 +351,36 @@ class Compactor:
             self.committer.forget_tables()
             self._backlogs.clear()  # another leader may have compacted since this one last led
             try:
-                while not stop.is_set() and session.alive:
-                    try:
-                        await self.compact_once()
-                        if time.monotonic() >= self._next_retention_check:
-                            self._next_retention_check = (
-                                time.monotonic() + self._options.retention_check_interval_s
-                            )
-                            await self.enforce_retention()
-                        await self.clean_once()
-                        if time.monotonic() >= self._next_maintenance:
-                            self._next_maintenance = (
-                                time.monotonic() + self._options.maintenance_interval_s
-                            )
-                            await self.maintain()
-                    except IcefloeError:
-                        log.warning("compaction failed; will retry", exc_info=True)
-                    if time.monotonic() >= self._next_backlog_report:
-                        # Reads every stream's newest index entries: not on every pass.
-                        self._next_backlog_report = time.monotonic() + BACKLOG_REPORT_INTERVAL_S
-                        with contextlib.suppress(IcefloeError):  # the gauges wait till next time
-                            await self.report_backlog()
-                    await _sleep_until(stop, self._options.interval_s)
+                with self._gate.engaged():
+                    await self._lead(stop, session)
             finally:
                 self._forget_backlog(self._reported_backlog)  # the next leader reports it
                 self._reported_backlog = set()
                 await session.close()
+
+    async def _lead(self, stop: asyncio.Event, session: Session) -> None:
+        """Compact, apply retention and maintain the tables every ``interval_s`` while this
+        compactor holds the lease of ``session``."""
+        while not stop.is_set() and session.alive:
+            try:
+                await self.compact_once()
+                if time.monotonic() >= self._next_retention_check:
+                    self._next_retention_check = (
+                        time.monotonic() + self._options.retention_check_interval_s
+                    )
+                    await self.enforce_retention()
+                await self.clean_once()
+                if time.monotonic() >= self._next_maintenance:
+                    self._next_maintenance = time.monotonic() + self._options.maintenance_interval_s
+                    await self.maintain()
+            except IcefloeError:
+                log.warning("compaction failed; will retry", exc_info=True)
+            if time.monotonic() >= self._next_backlog_report:
+                # Reads every stream's newest index entries: not on every pass.
+                self._next_backlog_report = time.monotonic() + BACKLOG_REPORT_INTERVAL_S
+                with contextlib.suppress(IcefloeError):  # the gauges wait till next time
+                    await self.report_backlog()
+            await _sleep_until(stop, self._options.interval_s)
 
     async def _run(self, plan: Plan) -> Progress:
         try:
@@ -435,13 +451,15 @@ async def open_when_reachable(
     storage: StreamStorage,
     topics: TopicRegistry,
     stopping: asyncio.Event,
+    *,
+    own_process: bool = False,
 ) -> Compactor | None:
     """Open the configured compactor, trying again after a back-off while one of its backends
     cannot be reached; ``None`` if ``stopping`` is set first."""
     delay = OPEN_RETRY_FIRST_S
     while not stopping.is_set():
         try:
-            return await Compactor.open(config, storage, topics)
+            return await Compactor.open(config, storage, topics, own_process=own_process)
         except Exception as exc:  # noqa: BLE001 - an SDK's own errors (a catalog's HTTP client)
             log.error("compaction cannot start: %s; trying again in %.0f s", exc, delay)
         await _sleep_until(stopping, delay)

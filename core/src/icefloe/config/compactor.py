@@ -40,6 +40,14 @@ class CompactorOptions(BaseModel):
     min_bytes: int = Field(default=64 << 20, gt=0)
     """…or once this many WAL bytes wait, whichever comes first. (The topic configs
     ``icefloe.compaction.max.age.ms`` and ``icefloe.compaction.min.bytes`` override both.)"""
+    yield_above_cpu: float = Field(default=0.5, ge=0, le=1)
+    """While processes other than compaction's keep more than this share of the host's CPU
+    busy (0.5: half of all its cores), compaction waits before it plans a run or starts a
+    task on the host, so that clients get the cores; 1 never waits. Read from Linux's /proc;
+    elsewhere compaction never waits."""
+    max_yield_s: float = Field(default=60.0, ge=0)
+    """How long compaction waits for a busy host at most: then it goes on until the host is
+    seen quiet again, so a burst delays the tables by at most this much."""
     max_task_bytes: int = Field(default=128 << 20, gt=0)
     """WAL bytes one task reads (bounds a worker's memory, about four times this at its peak):
     a task closes once it holds this much, so it may hold up to one WAL object (or one

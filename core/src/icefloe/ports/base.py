@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -49,12 +50,16 @@ class OpenContext:
         config: The whole configuration, for backends that open ports in other processes
             (a compaction engine's workers) or read another backend's options (the local WAL
             reads the object WAL's prefix).
+        before_local_task: Awaited by a compaction engine before it starts a task on this
+            host (its worker processes): compaction waits there while the host's clients keep
+            its cores busy. Engines that run tasks elsewhere (a Spark cluster) need not call it.
     """
 
     data_dir: Path
     object_store: ObjectStore | None = field(default=None)
     wal: WAL | None = field(default=None)
     config: Any = field(default=None)
+    before_local_task: Callable[[], Awaitable[None]] | None = field(default=None)
 
 
 class Port:
