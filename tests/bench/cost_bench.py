@@ -39,7 +39,7 @@ def run(profile: str, mb: int, partitions: int, workdir: Path) -> dict[str, Any]
         "ICEFLOE_COMPACTOR__MIN_AGE_S": "0",
         "ICEFLOE_COMPACTOR__MAX_AGE_S": "5",
     }
-    running = start_icefloe(data, env=env)
+    running = start_icefloe(data, env=env, yielding=True)
     try:
         admin = AdminClient({"bootstrap.servers": running.bootstrap})
         admin.create_topics([NewTopic("billed", partitions)])["billed"].result(30)

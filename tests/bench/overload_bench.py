@@ -30,6 +30,7 @@ def main() -> None:
         running = start_icefloe(
             Path(folder) / "data",
             env={"ICEFLOE_BROKER__MAX_MEMORY_BYTES": str(args.budget_mib << 20)},
+            yielding=True,
         )
         try:
             create_topic(running, "flood", 8)

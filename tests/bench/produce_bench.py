@@ -138,7 +138,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         env = {"ICEFLOE_STORAGE__PROFILE": args.profile}
         env |= dict(args.set)
-        running = start_icefloe(Path(scratch) / "data", brokers=args.brokers, env=env)
+        running = start_icefloe(
+            Path(scratch) / "data", brokers=args.brokers, env=env, yielding=True
+        )
         try:
             create_topic(running, TOPIC, PARTITIONS)
             extra = " ".join(f"{key}={value}" for key, value in args.set)

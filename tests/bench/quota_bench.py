@@ -93,7 +93,9 @@ def achieved(args: argparse.Namespace) -> None:
     quotas = [float(q) for q in args.quotas.split(",")]
     with tempfile.TemporaryDirectory() as folder:
         running = start_icefloe(
-            Path(folder) / "data", env={"ICEFLOE_QUOTAS__WINDOW_SIZE_S": str(args.window)}
+            Path(folder) / "data",
+            env={"ICEFLOE_QUOTAS__WINDOW_SIZE_S": str(args.window)},
+            yielding=True,
         )
         try:
             admin = AdminClient({"bootstrap.servers": running.bootstrap})

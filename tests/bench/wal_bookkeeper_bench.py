@@ -100,7 +100,7 @@ def producer_run(
     java = find_java(DEFAULT_LIB)
     data_dir = Path(tempfile.mkdtemp(prefix="icefloe-walbench-serve-"))
     env = {**wal_env(wal, cluster), "ICEFLOE_TABLE__FORMATS": "[]"}
-    running = start_icefloe(data_dir, env=env, timeout=120)
+    running = start_icefloe(data_dir, env=env, timeout=120, yielding=True)
     try:
         create_kafka_topic(running.bootstrap, "rate", PARTITIONS)
         create_kafka_topic(running.bootstrap, "max", PARTITIONS)

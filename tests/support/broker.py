@@ -111,9 +111,14 @@ def start_icefloe(
     env: dict[str, str] | None = None,
     timeout: float = 60,
     own_session: bool = False,
+    yielding: bool = False,
 ) -> RunningIcefloe:
     """Start `icefloe serve` on free ports and wait until it prints its bootstrap address
     (``own_session``: in a session of its own, as a service runs, rather than the caller's).
+
+    Its compactor yields to a busy host only with ``yielding`` (benchmarks): two test workers
+    keep the machine's cores busy, so a test's compaction would wait its longest every time
+    (tests/compaction/test_yielding.py tests yielding).
 
     A port that looked free may be taken by another test's server before the broker binds it;
     then the run is started again on other ports.
@@ -121,7 +126,7 @@ def start_icefloe(
     attempt = 1
     while True:
         try:
-            return _start_once(data_dir, brokers, env, timeout, own_session)
+            return _start_once(data_dir, brokers, env, timeout, own_session, yielding)
         except RuntimeError as exc:
             # serve words it "port N on HOST is already in use"; a raw bind error, "address
             # already in use".
@@ -131,7 +136,12 @@ def start_icefloe(
 
 
 def _start_once(
-    data_dir: Path, brokers: int, env: dict[str, str] | None, timeout: float, own_session: bool
+    data_dir: Path,
+    brokers: int,
+    env: dict[str, str] | None,
+    timeout: float,
+    own_session: bool,
+    yielding: bool,
 ) -> RunningIcefloe:
     port = _free_port_run(brokers)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
@@ -139,9 +149,8 @@ def _start_once(
     environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
     environment.setdefault("ICEFLOE_METRICS__PORT", "0")  # free ports, printed by serve
     environment.setdefault("ICEFLOE_SCHEMA_REGISTRY__PORT", "0")
-    # Two test workers keep the machine's cores busy, so compaction that yields to a busy host
-    # would wait its longest in every test; tests/compaction/test_yielding.py tests yielding.
-    environment.setdefault("ICEFLOE_COMPACTOR__YIELD_ABOVE_CPU", "1")
+    if not yielding:
+        environment.setdefault("ICEFLOE_COMPACTOR__YIELD_ABOVE_CPU", "1")
     environment.update(env or {})
     log_path = data_dir.parent / f"{data_dir.name}-serve.log"
     log = log_path.open("w")

@@ -94,7 +94,14 @@ def start(
     server = IcefloeServer(
         # A session of its own, as Kafka's broker has: where the kernel groups CPU time by
         # session (autogroup), each server then competes with the clients as one group.
-        start_icefloe(data_dir, brokers=brokers, env=env, timeout=START_TIMEOUT_S, own_session=True)
+        start_icefloe(
+            data_dir,
+            brokers=brokers,
+            env=env,
+            timeout=START_TIMEOUT_S,
+            own_session=True,
+            yielding=True,
+        )
     )
     if env.get("ICEFLOE_COMPACTOR__ENABLED", "true") != "false":
         try:
