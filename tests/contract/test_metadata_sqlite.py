@@ -15,8 +15,9 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from icefloe.embedded import sqlite_metadata
-from icefloe.embedded.sqlite_metadata import SqliteMetadataStore
+from icefloe.embedded.sqlite_metadata import SqliteMetadataOptions, SqliteMetadataStore
 from icefloe.errors import AlreadyExistsError, ClosedError, UnavailableError
+from icefloe.ports.base import OpenContext
 from icefloe.ports.metadata import (
     MUST_NOT_EXIST,
     RESET,
@@ -323,6 +324,23 @@ class TestSqliteMetadataStore(MetadataStoreContract):
                 asked_at_rest = asked.count
                 await asyncio.sleep(0.5)  # 50 poll intervals of 10 ms
                 assert asked.count - asked_at_rest >= 10
+        finally:
+            await store.close()
+
+    @pytest.mark.asyncio
+    async def test_a_process_that_may_hear_late_asks_less_often(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        asked = count_calls(monkeypatch, "data_version")
+        options = {**self.backend_options(tmp_path, ""), "listen_for_writes": False}
+        context = OpenContext(data_dir=tmp_path, watch_delay_s=0.25)
+        store = await SqliteMetadataStore.open(SqliteMetadataOptions(**options), context)
+        try:
+            async with store.watch("k/"):
+                await asyncio.sleep(0.3)
+                asked_at_rest = asked.count
+                await asyncio.sleep(1.0)  # 100 of the configured intervals, 4 of the delay
+                assert asked.count - asked_at_rest <= 5
         finally:
             await store.close()
 

@@ -689,13 +689,17 @@ class SqliteMetadataStore(MetadataStore):
 
         Args:
             options: The validated options.
-            context: ``data_dir`` holds the database unless ``options.path`` is set.
+            context: ``data_dir`` holds the database unless ``options.path`` is set;
+                ``watch_delay_s`` lengthens ``poll_interval`` for this process.
 
         Raises:
             StorageError: the file cannot be opened or is not an Icefloe metadata database.
             UnavailableError: another process held the database locked for too long.
         """
         path = Path(options.path) if options.path else context.data_dir / DEFAULT_FILE_NAME
+        if context.watch_delay_s > options.poll_interval:
+            # Each poll reads the change log: a process that can wait polls less often.
+            options = options.model_copy(update={"poll_interval": context.watch_delay_s})
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="icefloe-sqlite")
         loop = asyncio.get_running_loop()
         try:

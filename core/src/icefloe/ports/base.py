@@ -53,6 +53,9 @@ class OpenContext:
         before_local_task: Awaited by a compaction engine before it starts a task on this
             host (its worker processes): compaction waits there while the host's clients keep
             its cores busy. Engines that run tasks elsewhere (a Spark cluster) need not call it.
+        watch_delay_s: How late this process's watchers may hear of changes other processes
+            make (a compactor's: a tenth of a second); a metadata store that polls for them
+            need not ask more often. Stores whose changes are pushed to watchers ignore it.
     """
 
     data_dir: Path
@@ -60,6 +63,7 @@ class OpenContext:
     wal: WAL | None = field(default=None)
     config: Any = field(default=None)
     before_local_task: Callable[[], Awaitable[None]] | None = field(default=None)
+    watch_delay_s: float = field(default=0.0)
 
 
 class Port:

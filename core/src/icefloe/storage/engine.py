@@ -91,6 +91,7 @@ class StreamStorage:
         config: configuration.Config | None = None,
         *,
         config_path: str | os.PathLike[str] | None = None,
+        watch_delay_s: float = 0.0,
     ) -> Self:
         """Open the metadata store, object store and WAL the configuration selects.
 
@@ -98,11 +99,13 @@ class StreamStorage:
             config: A loaded configuration; by default read as ``icefloe`` reads it
                 (``ICEFLOE_CONFIG``, ``ICEFLOE_*`` environment variables, defaults).
             config_path: A TOML file to read instead of ``ICEFLOE_CONFIG``.
+            watch_delay_s: How late this process may hear of other processes' changes
+                (:class:`~icefloe.ports.base.OpenContext`).
         """
         config = config or configuration.load_config(config_path)
         opened: list[Port] = []
         try:
-            context = OpenContext(data_dir=Path(config.data_dir))
+            context = OpenContext(data_dir=Path(config.data_dir), watch_delay_s=watch_delay_s)
             metadata = await _open(config, MetadataStore, context, opened)
             store = await _open(config, ObjectStore, context, opened)
             context = OpenContext(data_dir=context.data_dir, object_store=store, config=config)
