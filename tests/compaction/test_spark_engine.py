@@ -363,7 +363,10 @@ def test_conf_values_from_toml_become_spark_strings() -> None:
     [("local", True), ("local[*]", True), ("local[4,2]", True), ("spark://h:7077", False)],
 )
 def test_local_masters_are_recognised(master: str, local: bool) -> None:
-    assert SparkCompactionOptions(master=master).is_local is local
+    options = SparkCompactionOptions(master=master)
+    assert options.is_local is local
+    # Only local executors share the host's cores with its brokers' clients.
+    assert SparkCompactionEngine(load_config(env={}), options).runs_on_this_host() is local
 
 
 def test_the_options_come_from_the_config_file_and_environment(tmp_path: Path) -> None:

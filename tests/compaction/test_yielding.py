@@ -5,17 +5,21 @@ and its local engine waiting at the gate."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from icefloe.compaction import yielding
 from icefloe.compaction.local_engine import LocalCompactionEngine
+from icefloe.compaction.service import Compactor
 from icefloe.compaction.yielding import HostCpu, LoadGate
 from icefloe.config import load_config
 from icefloe.ports.compaction import CompactionTask
 from icefloe.storage.records import Record
+from icefloe.topics.registry import Topic
 from tests.compaction.conftest import opened_parts
 from tests.support.waiting import eventually
 
@@ -217,12 +221,12 @@ async def test_local_engine_starts_each_task_past_the_gate(tmp_path: Path) -> No
         await engine.close()
 
 
-async def test_background_compaction_waits_for_a_busy_host(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    host = Loads(0.9)
-    clock = Clock()
-    gate = LoadGate(0.5, 3600, host, clock)  # type: ignore[arg-type]
+@contextlib.asynccontextmanager
+async def background_compactor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: LoadGate, *, on_this_host: bool = True
+) -> AsyncIterator[tuple[Compactor, Topic]]:
+    """A background compactor behind ``gate`` (rounds every 50 ms, everything due at once),
+    and a topic of 10 records in the WAL."""
     monkeypatch.setattr(LoadGate, "for_this_host", lambda *_, **__: gate)
     config = load_config(
         env={},
@@ -233,22 +237,48 @@ async def test_background_compaction_waits_for_a_busy_host(
         },
     )
     async with opened_parts(config) as (storage, topics, compactor):
+        if not on_this_host:
+            monkeypatch.setattr(compactor.engine, "runs_on_this_host", lambda: False)
         topic = await topics.create("t", 1)
         now_ms = int(time.time() * 1000)
         await storage.append(topic.streams[0], [Record(i, now_ms, None, b"v") for i in range(10)])
         stop = asyncio.Event()
         rounds = asyncio.create_task(compactor.run(stop))
         try:
-            await asyncio.sleep(1.0)  # about twenty rounds, each finding the host busy
-            assert (await compactor.backlog(topic))[0] == 10
-            assert host.samples >= 1
-            host.loads = [0.1]
-            clock.now += yielding.SAMPLE_S
-            for _ in range(600):
-                if (await compactor.backlog(topic))[0] == 0:
-                    break
-                await asyncio.sleep(0.1)
-            assert (await compactor.backlog(topic))[0] == 0
+            yield compactor, topic
         finally:
             stop.set()
             await rounds
+
+
+async def until_compacted(compactor: Compactor, topic: Topic) -> None:
+    for _ in range(600):
+        if (await compactor.backlog(topic))[0] == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("not compacted within a minute")
+
+
+async def test_background_compaction_waits_for_a_busy_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host, clock = Loads(0.9), Clock()
+    gate = LoadGate(0.5, 3600, host, clock)  # type: ignore[arg-type]
+    async with background_compactor(tmp_path, monkeypatch, gate) as (compactor, topic):
+        await asyncio.sleep(1.0)  # about twenty rounds, each finding the host busy
+        assert (await compactor.backlog(topic))[0] == 10
+        assert host.samples >= 1
+        host.loads = [0.1]
+        clock.now += yielding.SAMPLE_S
+        await until_compacted(compactor, topic)
+
+
+async def test_compaction_on_another_host_never_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = Loads(0.9)
+    gate = LoadGate(0.5, 3600, host, Clock())  # type: ignore[arg-type]
+    on_cluster = background_compactor(tmp_path, monkeypatch, gate, on_this_host=False)
+    async with on_cluster as (compactor, topic):
+        await until_compacted(compactor, topic)
+    assert host.samples == 0

@@ -350,8 +350,10 @@ class Compactor:
             log.info("this broker leads compaction")
             self.committer.forget_tables()
             self._backlogs.clear()  # another leader may have compacted since this one last led
+            # Tasks that run elsewhere (a Spark cluster) take no cores from this host's clients.
+            yielding = self._gate.engaged() if self._engine.runs_on_this_host() else None
             try:
-                with self._gate.engaged():
+                with yielding or contextlib.nullcontext():
                     await self._lead(stop, session)
             finally:
                 self._forget_backlog(self._reported_backlog)  # the next leader reports it

@@ -183,6 +183,12 @@ class CompactionEngine(Port):
 
     _finished = 0
 
+    def runs_on_this_host(self) -> bool:
+        """Whether tasks run on this host, beside its brokers: background compaction then
+        waits while the host is busy with clients (``[compactor] yield_above_cpu``). An
+        engine whose tasks run elsewhere (a cluster) returns ``False``."""
+        return True
+
     async def run(self, tasks: Sequence[CompactionTask]) -> list[WrittenFile]:
         ids = [t.task_id for t in tasks]
         if len(set(ids)) != len(ids):

@@ -32,6 +32,7 @@ class SparkCompactionEngine(CompactionEngine):
 
     def __init__(self, config: Config, options: SparkCompactionOptions) -> None:
         self._config = config
+        self._local = options.is_local
         self._spark = SparkSessionHolder(options)
         self._closed = False
         self._running: dict[str, int] = {}
@@ -45,6 +46,9 @@ class SparkCompactionEngine(CompactionEngine):
                 "(OpenContext.config): its executors open the WAL and object store from it"
             )
         return cls(context.config, options)
+
+    def runs_on_this_host(self) -> bool:
+        return self._local
 
     async def start(self) -> None:
         """Start (or borrow) the SparkContext now rather than at the first task.
