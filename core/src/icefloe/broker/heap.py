@@ -28,6 +28,9 @@ CHECK_EVERY_S: Final = 1.0
 TRIM_BYTES: Final = 32 << 20
 _M_MMAP_THRESHOLD: Final = -3
 """mallopt's parameter number for the mmap threshold (glibc's malloc.h)."""
+_M_TRIM_THRESHOLD: Final = -1
+"""mallopt's parameter number for how much free memory at the heap's top ``free`` gives back
+at once (128 KiB by default)."""
 
 
 class _MallInfo2(ctypes.Structure):
@@ -68,6 +71,10 @@ def reuse_large_blocks() -> HeapTrimmer | None:
         libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
         return None
     libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    # Left at its default, free() would give back the top of the heap as soon as a block of
+    # more than 128 KiB there is freed, and the next block would fault its pages in again: the
+    # trimmer gives them back after bursts instead.
+    libc.mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES)
     return HeapTrimmer(libc)
 
 
