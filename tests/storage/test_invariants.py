@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 import random
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -188,14 +189,14 @@ async def test_a_stalled_commit_past_the_deadline_fails_and_stores_nothing(tmp_p
     config = storage_config(tmp_path, commit_deadline_s=0.2, orphan_grace_s=1.0)
     async with await StreamStorage.open(config) as storage:
         stream = await storage.create_stream("s")
-        real_append = storage.wal.append
+        real_append = storage.wal.append_parts
 
-        async def slow_append(data: bytes | bytearray | memoryview) -> str:
-            ref = await real_append(data)
+        async def slow_append(parts: Sequence[bytes | memoryview]) -> str:
+            ref = await real_append(parts)
             await asyncio.sleep(0.3)  # durable, but too late to be committed
             return ref
 
-        storage.wal.append = slow_append  # type: ignore[method-assign]
+        storage.wal.append_parts = slow_append  # type: ignore[method-assign]
         started = time.monotonic()
         with pytest.raises(Exception, match="commit_deadline_s") as exc:
             await storage.append(stream, tagged_records("late", 1))

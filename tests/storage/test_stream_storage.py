@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 from prometheus_client import REGISTRY
 
+from icefloe.config import Config, load_config
 from icefloe.config.storage import FlushProfile, StorageOptions
 from icefloe.errors import ConflictError, NotFoundError
 from icefloe.ports.metadata import EventKind
@@ -177,17 +178,44 @@ async def test_long_poll_times_out_without_data(storage: StreamStorage) -> None:
     assert await storage.wait_for_data([(stream, 0)], max_wait=0.05) is False
 
 
-async def test_recent_wal_objects_are_served_from_memory(
-    storage: StreamStorage, other_storage: StreamStorage
+def object_wal_config(data_dir: Path) -> Config:
+    """The embedded default with WAL objects in the object store, a WAL not on local files."""
+    overrides = {"data_dir": str(data_dir), "storage": {"flush_interval_ms": 2}}
+    return load_config(env={}, overrides=overrides | {"wal": {"backend": "object"}})
+
+
+@pytest.fixture
+async def object_wal_storage(tmp_path: Path) -> AsyncIterator[StreamStorage]:
+    async with await StreamStorage.open(object_wal_config(tmp_path)) as opened:
+        yield opened
+
+
+async def test_recent_wal_objects_of_a_remote_wal_are_served_from_memory(
+    object_wal_storage: StreamStorage, tmp_path: Path
 ) -> None:
+    storage = object_wal_storage
+    assert not storage.wal.reads_from_page_cache
     stream = await storage.create_stream("s")
     await storage.append(stream, records(5))
     reads = count_wal_reads(storage.wal)
     await storage.read(stream, 0)
     assert reads == []
-    other_reads = count_wal_reads(other_storage.wal)
-    assert comparable(await other_storage.read_records(stream, 0)) == comparable(records(5))
-    assert len(other_reads) == 1
+    async with await StreamStorage.open(object_wal_config(tmp_path)) as other_storage:
+        other_reads = count_wal_reads(other_storage.wal)
+        assert comparable(await other_storage.read_records(stream, 0)) == comparable(records(5))
+        assert len(other_reads) == 1
+
+
+async def test_recent_objects_of_the_local_wal_are_read_from_its_files(
+    storage: StreamStorage,
+) -> None:
+    """The kernel's page cache holds them: a copy in memory would only cost a join."""
+    assert storage.wal.reads_from_page_cache
+    stream = await storage.create_stream("s")
+    await storage.append(stream, records(5))
+    reads = count_wal_reads(storage.wal)
+    assert comparable(await storage.read_records(stream, 0)) == comparable(records(5))
+    assert len(reads) == 1
 
 
 async def test_a_read_across_entries_reads_their_wal_objects_at_once(
@@ -291,10 +319,11 @@ async def test_readers_of_the_same_chunks_at_once_each_get_them_with_their_offse
 
 
 async def test_reading_this_process_recent_wal_objects_leaves_them_as_written(
-    storage: StreamStorage,
+    object_wal_storage: StreamStorage,
 ) -> None:
     # Tail reads are answered from the WAL objects this process wrote, kept in memory: their
     # bytes must be copied to be patched, never patched in place for the next reader.
+    storage = object_wal_storage
     first = await storage.create_stream("a")
     second = await storage.create_stream("b")
     await storage.append(first, records(3, tag="a"))
@@ -613,27 +642,19 @@ async def _held_wal_appends(
     )
     async with await StreamStorage.open(config) as storage:
         stream = await storage.create_stream("s")
-        release = asyncio.Event()
-        sizes: list[int] = []
-        append = storage.wal._append  # type: ignore[attr-defined]
-
-        async def held(data: bytes) -> str:
-            sizes.append(len(data))
-            await release.wait()
-            return await append(data)
-
-        storage.wal._append = held  # type: ignore[attr-defined]
+        wal = _HeldWal(storage)
+        wal.release.clear()
         first = await storage.submit_batches(stream, build_batch(records(20)))
         later = [
             await storage.submit_batches(stream, build_batch(records(20, tag=f"b{i}")))
             for i in range(later_batches)
         ]
         await asyncio.sleep(0.05)
-        at_release = list(sizes)
-        release.set()
+        at_release = list(wal.sizes)
+        wal.release.set()
         await asyncio.gather(first, *later)
         read = await storage.read_records(stream, 0, max_bytes=1 << 20)
-        return at_release, sizes, read, len(await storage.index.scan(stream))
+        return at_release, wal.sizes, read, len(await storage.index.scan(stream))
 
 
 async def test_appends_made_while_every_flush_is_busy_share_the_next_wal_object(
@@ -665,13 +686,13 @@ class _HeldWal:
         self.sizes: list[int] = []
         self.release = asyncio.Event()
         self.release.set()
-        self._append = storage.wal._append  # type: ignore[attr-defined]
-        storage.wal._append = self._held  # type: ignore[attr-defined]
+        self._append = storage.wal._append_parts  # type: ignore[attr-defined]
+        storage.wal._append_parts = self._held  # type: ignore[method-assign]
 
-    async def _held(self, data: bytes) -> str:
-        self.sizes.append(len(data))
+    async def _held(self, parts: list[memoryview]) -> str:
+        self.sizes.append(sum(len(part) for part in parts))
         await self.release.wait()
-        return await self._append(data)
+        return await self._append(parts)
 
 
 async def test_an_idle_writer_seals_at_once_and_the_partitions_sent_together_share_an_object(

@@ -79,6 +79,8 @@ _CRC: Final = struct.Struct("<I")
 _FLAGS: Final = struct.Struct("<I")
 _FLAGS_AT: Final = _FIELDS.size + _CRC.size
 HEADER_BYTES: Final = _FLAGS_AT + _FLAGS.size
+_IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
+"""The most buffers one ``pwritev`` takes; an object's parts (one per batch) may be more."""
 _SEGMENT_NAME: Final = re.compile(r"\d{13}-[0-9a-f]{32}")
 _REF: Final = re.compile(r"(\d{13}-[0-9a-f]{32}):(\d{1,15}):(\d{1,15})")
 STALE_EMPTY_SEGMENT_S: Final = 3600.0
@@ -172,23 +174,34 @@ class LocalWAL(WAL):
     def billed_per_append(self) -> bool:
         return False
 
+    @property
+    def reads_from_page_cache(self) -> bool:
+        return True
+
     # --- append -----------------------------------------------------------------------------
 
     async def _append(self, data: bytes | bytearray | memoryview) -> str:
+        return await self._append_parts([memoryview(data).cast("B")])
+
+    async def _append_parts(self, parts: list[memoryview]) -> str:
+        # The parts go to the file as they are: the kernel's copy, in a pool thread, is the
+        # only one.
         self._check_open()
-        view = memoryview(data).cast("B")
-        segment = await self._segment_for(HEADER_BYTES + len(view))
+        length = sum(len(part) for part in parts)
+        segment = await self._segment_for(HEADER_BYTES + length)
         segment.users += 1
         # Taken before the write, so a record's time never lies in its future.
         created_ms = time.time_ns() // 1_000_000
         write = asyncio.ensure_future(
-            self._files.call(f"append to segment {segment.name}", segment.append, view, created_ms)
+            self._files.call(
+                f"append to segment {segment.name}", segment.append, parts, length, created_ms
+            )
         )
         # The segment is let go when the write ends, not when an append cancelled meanwhile
         # stops waiting: its file stays open while a pool thread still writes to it.
         write.add_done_callback(functools.partial(self._write_ended, segment))
         position = await asyncio.shield(write)
-        return f"{segment.name}:{position}:{len(view)}"
+        return f"{segment.name}:{position}:{length}"
 
     def _write_ended(self, segment: _Segment, write: asyncio.Future[int]) -> None:
         if not write.cancelled():
@@ -345,19 +358,20 @@ class _Segment:
             raise
         return cls(name, fd)
 
-    def append(self, payload: memoryview, created_ms: int) -> int:
-        """Write one record and return once it is durable; its position (blocking)."""
-        fields = _FIELDS.pack(MAGIC, len(payload), created_ms)
+    def append(self, payload: Sequence[memoryview], length: int, created_ms: int) -> int:
+        """Write one record of the ``length`` bytes of ``payload``'s parts and return once it
+        is durable; its position (blocking)."""
+        fields = _FIELDS.pack(MAGIC, length, created_ms)
         header = fields + _CRC.pack(crc32c(fields)) + _FLAGS.pack(0)
         with self._write_lock:
             self._check_usable()
             position = self._written
             try:
-                _write_all(self.fd, (header, payload), position)
+                _write_all(self.fd, (header, *payload), position)
             except OSError as exc:
                 self.failed = exc
                 raise
-            self._written = written = position + HEADER_BYTES + len(payload)
+            self._written = written = position + HEADER_BYTES + length
         with self._sync_lock:
             if self._synced < written:  # else a sync that began after our write covered it
                 self._check_usable()
@@ -531,7 +545,7 @@ def _unlocked(fd: int) -> bool:
 def _write_all(fd: int, parts: Sequence[Any], position: int) -> None:
     views = [memoryview(part) for part in parts]
     while views:
-        written = os.pwritev(fd, views, position)
+        written = os.pwritev(fd, views[:_IOV_MAX], position)
         if written <= 0:
             raise OSError(f"pwritev wrote nothing at position {position}")
         position += written

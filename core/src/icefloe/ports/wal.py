@@ -19,7 +19,7 @@ Contract (executable form: ``icefloe.testing.wal_contract``):
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
@@ -52,11 +52,29 @@ class WAL(Port):
         the storage engine then batches appends more (``[storage] profile``, ``cost``)."""
         return True
 
+    @property
+    def reads_from_page_cache(self) -> bool:
+        """Whether the objects are files on this host, whose recent ones reads find in the
+        kernel's page cache: the storage engine then keeps no copy of them in memory."""
+        return False
+
     async def append(self, data: bytes | bytearray | memoryview) -> str:
         """Store ``data`` durably and return its reference."""
         if not isinstance(data, bytes | bytearray | memoryview) or len(data) == 0:
             raise ValueError("a WAL object must be non-empty bytes")
         return await self._append(data)
+
+    async def append_parts(self, parts: Sequence[bytes | memoryview]) -> str:
+        """Store the bytes of ``parts``, one after another, as one object, durably; return its
+        reference. A backend that can write them without joining them first overrides
+        :meth:`_append_parts`."""
+        views = [memoryview(part).cast("B") for part in parts]
+        if not views or not any(views):
+            raise ValueError("a WAL object must be non-empty bytes")
+        return await self._append_parts(views)
+
+    async def _append_parts(self, parts: list[memoryview]) -> str:
+        return await self._append(b"".join(parts))
 
     async def read(self, ref: str, start: int = 0, end: int | None = None) -> bytes | memoryview:
         """Bytes ``[start, end)`` of the object ``ref`` (see the module docstring)."""

@@ -39,8 +39,10 @@ application supplies timestamps. Finding the true minimum would mean decoding ev
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from icefloe.errors import CorruptDataError
@@ -124,10 +126,20 @@ class EncodedChunk(NamedTuple):
         return self.entry.length
 
 
-class EncodedWalObject(NamedTuple):
-    data: bytes
+@dataclass(frozen=True)
+class EncodedWalObject:
+    parts: tuple[bytes | memoryview, ...]
+    """The object's bytes in order (header and table, the batches, the trailer), not joined:
+    a WAL that writes them as they are (:meth:`~icefloe.ports.wal.WAL.append_parts`) copies
+    each byte once, into the file."""
+    size: int
     chunks: tuple[EncodedChunk, ...]
     """In chunk-table order: ascending stream id."""
+
+    @functools.cached_property
+    def data(self) -> bytes:
+        """The object's bytes, joined (once, on first use)."""
+        return b"".join(self.parts)
 
 
 class WalObject(NamedTuple):
@@ -145,16 +157,17 @@ class WalObject(NamedTuple):
 def encode_wal_object(chunks: Iterable[ChunkInput], *, created_ms: int) -> EncodedWalObject:
     """Seal the batches of several streams into one WAL object.
 
-    The payload is copied once (into the joined result); batches are walked through their
-    headers only, trusting the CRCs that the produce path already checked.
+    The payload is not copied: the result's parts are views of the batches. Batches are
+    walked through their headers only, trusting the CRCs that the produce path already
+    checked.
 
     Args:
         chunks: one input per stream, in any order; the table is sorted here.
         created_ms: the sealing time, milliseconds since the epoch.
 
     Returns:
-        The object's bytes and, per chunk in table order, its table entry and per-batch
-        table. It unpacks as ``data, chunks``.
+        The object's bytes (as parts, and joined on demand) and, per chunk in table order,
+        its table entry and per-batch table.
 
     Raises:
         ValueError: a stream id repeats or is outside u64, a stream has no batches, or a run
@@ -206,8 +219,8 @@ def encode_wal_object(chunks: Iterable[ChunkInput], *, created_ms: int) -> Encod
     checksum = crc32c(table, crc32c(header))
     for body in bodies:
         checksum = crc32c(body, checksum)
-    data = b"".join([header, table, *bodies, _TRAILER.pack(checksum)])
-    return EncodedWalObject(data, tuple(encoded))
+    parts: tuple[bytes | memoryview, ...] = (header + table, *bodies, _TRAILER.pack(checksum))
+    return EncodedWalObject(parts, position + _TRAILER.size, tuple(encoded))
 
 
 def _byte_view(run: bytes | bytearray | memoryview) -> memoryview:

@@ -132,6 +132,23 @@ class WALContract(Contract):
         assert [info async for info in wal.list()] == []
 
     @pytest.mark.asyncio
+    async def test_append_parts_stores_them_one_after_another(self, wal: WAL) -> None:
+        # More parts than one vectored write takes (1024 on Linux), as a flush of many
+        # batches has; views of a bytearray, as batches are of the request frames.
+        frame = bytearray(b"".join(b"%05d" % i for i in range(2000)))
+        parts = [memoryview(frame)[i : i + 5] for i in range(0, len(frame), 5)]
+        ref = await wal.append_parts([b"head:", *parts, b":tail"])
+        assert await wal.read(ref) == b"head:" + bytes(frame) + b":tail"
+        assert [info.size async for info in wal.list()] == [len(frame) + 10]
+
+    @pytest.mark.asyncio
+    async def test_append_parts_of_no_bytes_is_rejected(self, wal: WAL) -> None:
+        for parts in ([], [b"", memoryview(b"")]):
+            with pytest.raises(ValueError, match="non-empty"):
+                await wal.append_parts(parts)
+        assert [info async for info in wal.list()] == []
+
+    @pytest.mark.asyncio
     async def test_reference_stays_readable_from_a_reopened_wal(
         self, wal: WAL, tmp_path: Path, options: dict[str, Any], object_store: ObjectStore | None
     ) -> None:
