@@ -63,7 +63,8 @@ class StorageOptions(BaseModel):
     """The most a topic's ``max.message.bytes`` may be: every batch up to it is held whole in
     memory until its WAL object is durable."""
     wal_cache_bytes: int = Field(default=64 << 20, ge=0)
-    """This process's recent WAL objects kept in memory for reads."""
+    """This process's recent WAL objects kept in memory for reads, where the WAL is not on
+    this host's files (the local WAL's are read from the kernel's page cache)."""
     rebuilt_cache_bytes: int = Field(default=32 << 20, ge=0)
     """Kafka batches rebuilt from Parquet row groups, kept for the catch-up fetches that
     follow."""
