@@ -143,7 +143,8 @@ class WALContract(Contract):
 
     @pytest.mark.asyncio
     async def test_append_parts_of_no_bytes_is_rejected(self, wal: WAL) -> None:
-        for parts in ([], [b"", memoryview(b"")]):
+        nothing: list[list[bytes | memoryview]] = [[], [b"", memoryview(b"")]]
+        for parts in nothing:
             with pytest.raises(ValueError, match="non-empty"):
                 await wal.append_parts(parts)
         assert [info async for info in wal.list()] == []
