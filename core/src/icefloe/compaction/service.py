@@ -350,15 +350,20 @@ class Compactor:
             log.info("this broker leads compaction")
             self.committer.forget_tables()
             self._backlogs.clear()  # another leader may have compacted since this one last led
-            # Tasks that run elsewhere (a Spark cluster) take no cores from this host's clients.
-            yielding = self._gate.engaged() if self._engine.runs_on_this_host() else None
             try:
-                with yielding or contextlib.nullcontext():
+                with self._yielding():
                     await self._lead(stop, session)
             finally:
                 self._forget_backlog(self._reported_backlog)  # the next leader reports it
                 self._reported_backlog = set()
                 await session.close()
+
+    def _yielding(self) -> contextlib.AbstractContextManager[None]:
+        """Waiting for a busy host, unless tasks run elsewhere (a Spark cluster takes no cores
+        from this host's clients)."""
+        if self._engine.runs_on_this_host():
+            return self._gate.engaged()
+        return contextlib.nullcontext()
 
     async def _lead(self, stop: asyncio.Event, session: Session) -> None:
         """Compact, apply retention and maintain the tables every ``interval_s`` while this

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -108,7 +109,7 @@ class StreamStorage:
             context = OpenContext(data_dir=Path(config.data_dir), watch_delay_s=watch_delay_s)
             metadata = await _open(config, MetadataStore, context, opened)
             store = await _open(config, ObjectStore, context, opened)
-            context = OpenContext(data_dir=context.data_dir, object_store=store, config=config)
+            context = dataclasses.replace(context, object_store=store, config=config)
             wal = await _open(config, WAL, context, opened)
             storage = cls(metadata, store, wal, config.storage, owned=list(reversed(opened)))
             await storage.start()
