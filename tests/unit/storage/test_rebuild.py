@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from icefloe.storage.batch import TimestampType
 from icefloe.storage.parquet import RowBuilder
-from icefloe.storage.rebuild import rebuild_batches, rebuild_group
+from icefloe.storage.rebuild import _writable, rebuild_batches, rebuild_group, rebuild_groups
 from icefloe.storage.records import Record, build_batch, decode_batch
 from tests.support.rebuilt_groups import parsed_group
 
@@ -121,3 +125,70 @@ def test_log_append_time_batches_read_back_as_consumers_read_the_sent_ones() -> 
 
 def test_no_rows_rebuild_nothing() -> None:
     assert rebuild_batches(RowBuilder(partition=0).table()) == b""
+
+
+@settings(max_examples=100)
+@given(
+    st.lists(st.tuples(batch_fields, st.integers(0, 3)), min_size=1, max_size=6),
+    st.integers(0, 2**40),
+    st.lists(st.integers(0, 80), max_size=4),
+    st.none() | st.integers(0, 5),
+)
+def test_groups_rebuilt_together_are_the_groups_rebuilt_one_by_one(  # type: ignore[no-untyped-def]
+    specs, first_offset, cuts, past
+) -> None:
+    """Whatever the cuts: at batches' starts (as data files have them), inside a batch (rows of
+    one batch in two groups rebuild as two batches), or making groups of no rows; and with
+    gaps between batches, as log compaction leaves them."""
+    rows = RowBuilder(partition=0)
+    offset = first_offset
+    for spec, gap in specs:
+        [(base, batch)] = sent_batches([spec], offset)
+        rows.add_batch(batch, base)
+        offset = rows.table().column("offset")[-1].as_py() + 1 + gap
+    table = rows.table()
+    bounds = [0, *sorted(min(cut, table.num_rows) for cut in cuts), table.num_rows]
+    end = None if past is None else table.column("offset")[-1].as_py() + 1 + past
+    group_rows = [after - start for start, after in itertools.pairwise(bounds)]
+
+    together = rebuild_groups(table, group_rows, end_offset=end)
+
+    one_by_one = [
+        rebuild_group(
+            table.slice(start, after - start), end_offset=end if after == table.num_rows else None
+        )
+        for start, after in itertools.pairwise(bounds)
+    ]
+    assert [(bytes(g.data), g.positions, g.next_offsets) for g in together] == [
+        (bytes(g.data), g.positions, g.next_offsets) for g in one_by_one
+    ]
+
+
+def test_a_group_rebuilt_with_the_next_ends_where_it_would_alone() -> None:
+    """A batch that ends a group reaches to its own last record, as when the group is rebuilt
+    alone, not up to the next group's first batch after a gap that log compaction left."""
+    rows = RowBuilder(partition=0)
+    rows.add_batch(build_batch([Record(0, T0, None, b"v"), Record(1, T0, None, b"w")]), 0)
+    rows.add_batch(build_batch([Record(5, T0, None, b"x")], base_offset=5), 5)
+
+    first, second = rebuild_groups(rows.table(), [2, 1])
+
+    assert first.next_offsets == [2]
+    assert second.next_offsets == [6]
+    assert rebuild_groups(rows.table(), [3])[0].next_offsets == [5, 6]  # one group: to the next
+
+
+def test_group_rows_must_add_up_to_the_table() -> None:
+    rows = RowBuilder(partition=0)
+    rows.add_batch(build_batch([Record(0, T0, None, b"v"), Record(1, T0, None, b"w")]), 0)
+
+    with pytest.raises(ValueError, match="row groups of 3 rows in a table of 2"):
+        rebuild_groups(rows.table(), [1, 2])
+
+
+def test_a_read_only_buffer_is_copied_to_be_written() -> None:
+    view = _writable(pa.py_buffer(b"abc"))  # a buffer over bytes: read-only
+
+    view[0] = ord("x")
+
+    assert bytes(view) == b"xbc"

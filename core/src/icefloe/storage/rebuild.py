@@ -2,15 +2,19 @@
 
 A catch-up read turns Parquet rows back into the batches the producer sent. Encoding record by
 record in Python costs microseconds per record; here every field of every record is encoded at
-once with numpy (zigzag varints as byte matrices) and each record's bytes are concatenated by
-Arrow (``binary_join_element_wise``), so Python only loops over batches, to write their
-headers and CRCs. The output is byte for byte what
-:func:`icefloe.storage.records.build_batch` writes for the same records, uncompressed.
+once with numpy (zigzag varints as byte matrices), every batch's header too (a structured
+array of big-endian fields), and Arrow (``binary_join_element_wise``) writes the whole run of
+batches in one pass: each row's bytes are its batch's header if it is the batch's first row,
+then its record. Python only loops over batches, to fill in their CRCs in place. The output is
+byte for byte what :func:`icefloe.storage.records.build_batch` writes for the same records,
+uncompressed.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -23,7 +27,6 @@ from icefloe.storage.batch import (
     ATTRIBUTES_AT,
     CRC_AT,
     CURRENT_MAGIC,
-    HEADER,
     HEADER_SIZE,
     LOG_OVERHEAD,
     TimestampType,
@@ -36,6 +39,25 @@ _TRANSACTIONAL: Final = 0x10
 _VARINT_BYTES: Final = 10
 """The longest zigzag varint of a 64-bit integer."""
 _SHIFTS: Final = np.arange(0, 7 * _VARINT_BYTES, 7, dtype=np.uint64)
+_BATCH_HEADER: Final = np.dtype(
+    [
+        ("base_offset", ">i8"),
+        ("batch_length", ">i4"),
+        ("partition_leader_epoch", ">i4"),
+        ("magic", "i1"),
+        ("crc", ">u4"),
+        ("attributes", ">i2"),
+        ("last_offset_delta", ">i4"),
+        ("base_timestamp", ">i8"),
+        ("max_timestamp", ">i8"),
+        ("producer_id", ">i8"),
+        ("producer_epoch", ">i2"),
+        ("base_sequence", ">i4"),
+        ("records_count", ">i4"),
+    ]
+)
+"""The v2 batch header as a packed numpy record (the fields of ``batch.HEADER``)."""
+assert _BATCH_HEADER.itemsize == HEADER_SIZE
 
 Int64s = npt.NDArray[np.int64]
 Encoded = tuple[pa.BinaryArray, Int64s]
@@ -45,7 +67,7 @@ Encoded = tuple[pa.BinaryArray, Int64s]
 def rebuild_batches(table: pa.Table, end_offset: int | None = None) -> bytes:
     """Kafka v2 record batches (uncompressed) for the rows of ``table``, in offset order
     (:func:`rebuild_group`)."""
-    return rebuild_group(table, end_offset).data
+    return bytes(rebuild_group(table, end_offset).data)
 
 
 def rebuild_group(table: pa.Table, end_offset: int | None = None) -> RebuiltGroup:
@@ -60,74 +82,109 @@ def rebuild_group(table: pa.Table, end_offset: int | None = None) -> RebuiltGrou
     consumer's next fetch starts past records removed from the end of a file. Without gaps
     both are the batch's own last offset.
     """
+    return rebuild_groups(table, [table.num_rows], end_offset)[0]
+
+
+def rebuild_groups(
+    table: pa.Table, group_rows: Sequence[int], end_offset: int | None = None
+) -> list[RebuiltGroup]:
+    """:func:`rebuild_group` of each of the consecutive row groups ``table`` holds, of
+    ``group_rows`` rows each, in one call: byte for byte the same groups (``end_offset`` is
+    the last one's), for less work. A call costs over a hundred numpy and Arrow calls whatever
+    its rows, as much as the rows of a 1 MiB row group cost. The groups' data are views of
+    one buffer.
+
+    Raises:
+        ValueError: ``group_rows`` does not add up to the table's rows.
+    """
     rows = table.num_rows
+    group_starts = np.cumsum([0, *group_rows])
+    if group_starts[-1] != rows:
+        raise ValueError(f"row groups of {sum(group_rows)} rows in a table of {rows}")
     if rows == 0:
-        return RebuiltGroup(b"", [0], [])
+        return [RebuiltGroup(memoryview(b""), [0], []) for _ in group_rows]
     bases = _int64s(table, "batch_base_offset")
-    starts = np.flatnonzero(np.concatenate(([True], bases[1:] != bases[:-1])))
+    # A batch starts where the base offset changes, and (as if rebuilt alone) at each group.
+    is_start = np.empty(rows, dtype=bool)
+    is_start[0] = True
+    np.not_equal(bases[1:], bases[:-1], out=is_start[1:])
+    is_start[group_starts[group_starts < rows]] = True
+    starts = np.flatnonzero(is_start)
     counts = np.diff(np.append(starts, rows))
     offsets = _int64s(table, "offset")
     millis = _int64s(table, "timestamp") // 1000  # µs → ms
-    first_millis = np.repeat(millis[starts], counts)
-    records = _records(
+    records, record_sizes = _records(
         table,
         offset_deltas=offsets - bases,
-        timestamp_deltas=millis - first_millis,
+        timestamp_deltas=millis - np.repeat(millis[starts], counts),
     )
     ends = np.append(starts[1:], rows)
-    # Python ints for struct: per-batch values, taken out of numpy once.
-    max_millis = np.maximum.reduceat(millis, starts).tolist()
-    following = np.append(bases[starts[1:]], offsets[-1] + 1 if end_offset is None else end_offset)
+    following = np.append(bases[starts[1:]], 0)
+    ends_a_group = np.isin(ends, group_starts[1:])
+    following[ends_a_group] = offsets[ends[ends_a_group] - 1] + 1
+    if end_offset is not None:
+        following[-1] = end_offset
     last_offsets = np.maximum(offsets[ends - 1], following - 1)
-    last_deltas = (last_offsets - bases[starts]).tolist()
-    bases_of_batches = bases[starts].tolist()
-    first_millis_of_batches = millis[starts].tolist()
-    batch_columns = {
-        name: _int64s(table, name)[starts].tolist()
-        for name in ("batch_attributes", "timestamp_type", "producer_id", "producer_epoch")
-    }
-    sequences = _int64s(table, "base_sequence")[starts].tolist()
-
-    _, bounds_buffer, data_buffer = records.buffers()
-    records_data = memoryview(data_buffer or b"")
-    bounds = np.frombuffer(bounds_buffer, dtype=np.int32)[records.offset :]
-    firsts, afters = bounds[starts], bounds[ends]
-    positions = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(HEADER_SIZE + afters - firsts, out=positions[1:])
-    batch_bounds = zip(firsts.tolist(), afters.tolist(), strict=True)
-    pieces: list[bytes | bytearray | memoryview] = []
-    for b, ((first, after), count) in enumerate(zip(batch_bounds, counts.tolist(), strict=True)):
-        body = records_data[first:after]
-        attributes = batch_columns["batch_attributes"][b] & _TRANSACTIONAL
-        if batch_columns["timestamp_type"][b] == TimestampType.LOG_APPEND_TIME:
-            attributes |= _LOG_APPEND_TIME
-        header = bytearray(HEADER_SIZE)
-        HEADER.pack_into(
-            header,
+    headers = np.zeros(len(starts), dtype=_BATCH_HEADER)
+    headers["base_offset"] = bases[starts]
+    headers["batch_length"] = HEADER_SIZE - LOG_OVERHEAD + np.add.reduceat(record_sizes, starts)
+    headers["partition_leader_epoch"] = -1
+    headers["magic"] = CURRENT_MAGIC
+    headers["attributes"] = (_int64s(table, "batch_attributes")[starts] & _TRANSACTIONAL) | (
+        np.where(
+            _int64s(table, "timestamp_type")[starts] == TimestampType.LOG_APPEND_TIME,
+            _LOG_APPEND_TIME,
             0,
-            bases_of_batches[b],
-            HEADER_SIZE + len(body) - LOG_OVERHEAD,
-            -1,  # partition leader epoch
-            CURRENT_MAGIC,
-            0,  # the CRC, below
-            attributes,
-            last_deltas[b],
-            first_millis_of_batches[b],
-            max_millis[b],
-            batch_columns["producer_id"][b],
-            batch_columns["producer_epoch"][b],
-            sequences[b],
-            count,
         )
-        crc = crc32c(body, crc32c(memoryview(header)[ATTRIBUTES_AT:]))
-        struct.pack_into(">I", header, CRC_AT, crc)
-        pieces += (header, body)
-    data = b"".join(pieces)  # the one copy of the records' bytes after Arrow's
-    return RebuiltGroup(data, positions.tolist(), (last_offsets + 1).tolist())
+    )
+    headers["last_offset_delta"] = last_offsets - bases[starts]
+    headers["base_timestamp"] = millis[starts]
+    headers["max_timestamp"] = np.maximum.reduceat(millis, starts)
+    headers["producer_id"] = _int64s(table, "producer_id")[starts]
+    headers["producer_epoch"] = _int64s(table, "producer_epoch")[starts]
+    headers["base_sequence"] = _int64s(table, "base_sequence")[starts]
+    headers["records_count"] = counts
+    # Each batch's header rides on its first row: Arrow writes headers and records in one pass.
+    header_bounds = np.zeros(rows + 1, dtype=np.int32)
+    header_bounds[starts + 1] = HEADER_SIZE
+    np.cumsum(header_bounds, out=header_bounds)
+    header_column = pa.BinaryArray.from_buffers(
+        pa.binary(), rows, [None, pa.py_buffer(header_bounds), pa.py_buffer(headers.view(np.uint8))]
+    )
+    joined = pc.binary_join_element_wise(
+        header_column, *records, b"", null_handling="replace", null_replacement=b""
+    )
+    bounds = _offsets(joined)
+    positions = (bounds[np.append(starts, rows)].astype(np.int64) - bounds[0]).tolist()
+    data = _writable(joined.buffers()[2])[bounds[0] : bounds[-1]]
+    for start, end in itertools.pairwise(positions):
+        struct.pack_into(">I", data, start + CRC_AT, crc32c(data[start + ATTRIBUTES_AT : end]))
+    next_offsets = (last_offsets + 1).tolist()
+    groups = []
+    first_batches = np.searchsorted(starts, group_starts).tolist()
+    for first, after in itertools.pairwise(first_batches):
+        at = positions[first]
+        groups.append(
+            RebuiltGroup(
+                data[at : positions[after]],
+                [position - at for position in positions[first : after + 1]],
+                next_offsets[first:after],
+            )
+        )
+    return groups
 
 
-def _records(table: pa.Table, offset_deltas: Int64s, timestamp_deltas: Int64s) -> pa.BinaryArray:
-    """Every row's record bytes (length prefix included), as one binary array."""
+def _writable(buffer: pa.Buffer | None) -> memoryview:
+    """A writable view of a buffer Arrow just made (a copy, should Arrow make it read-only)."""
+    view = memoryview(buffer if buffer is not None else b"")
+    return memoryview(bytearray(view)) if view.readonly else view
+
+
+def _records(
+    table: pa.Table, offset_deltas: Int64s, timestamp_deltas: Int64s
+) -> tuple[list[pa.BinaryArray], Int64s]:
+    """The binary arrays that, joined row by row, give every row's record bytes (length prefix
+    included), and each row's record size."""
     keys = _binary(table, "key")
     values = _binary(table, "value")
     key_lengths = _lengths(keys)
@@ -142,8 +199,9 @@ def _records(table: pa.Table, offset_deltas: Int64s, timestamp_deltas: Int64s) -
     for varints in (timestamp_delta, offset_delta, key_length, value_length):
         body += varints.sizes
     body += key_lengths.clip(min=0) + value_lengths.clip(min=0)
+    length = _Varints.of(body)
     attributes = _Varints.zeros(len(body))
-    before_key = [_Varints.of(body), attributes, timestamp_delta, offset_delta, key_length]
+    before_key = [length, attributes, timestamp_delta, offset_delta, key_length]
     # Each input of the join costs a pass over the rows: the fixed fields between the
     # variable ones are packed into one input each, and keys that hold no bytes (null or
     # empty, as most producers send them) are left out, their lengths packed with the value's.
@@ -151,7 +209,7 @@ def _records(table: pa.Table, offset_deltas: Int64s, timestamp_deltas: Int64s) -
         parts = [_packed(before_key)[0], keys, _packed([value_length])[0], values, headers]
     else:
         parts = [_packed([*before_key, value_length])[0], values, headers]
-    return pc.binary_join_element_wise(*parts, b"", null_handling="replace", null_replacement=b"")
+    return parts, length.sizes + body
 
 
 def _headers(column: pa.ChunkedArray) -> Encoded:

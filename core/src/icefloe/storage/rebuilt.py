@@ -38,7 +38,7 @@ left, such loads pushed out about 100 groups read ahead before their fetch came.
 class RebuiltGroup:
     """The record batches of one row group, back to back, and where each one is."""
 
-    data: bytes
+    data: bytes | memoryview
     positions: list[int]
     """Where each batch starts in ``data``, then ``len(data)``."""
     next_offsets: list[int]
@@ -115,6 +115,43 @@ class RebuiltGroups:
             return group
         finally:
             del self._loading[key]
+
+    async def load_together(
+        self, keys: list[GroupKey], load: Callable[[], Awaitable[list[RebuiltGroup]]]
+    ) -> None:
+        """Load the groups ``keys`` (none of them held: :meth:`holds`) with one ``load()``,
+        which returns them in order, and keep them as in use. A :meth:`get` of any of them
+        meanwhile waits for that load.
+
+        Their data may be views of one buffer, which then stays in memory until the last of
+        them goes: a cache that lets such groups go in the order they were loaded (as a
+        consumer reading on does) holds no more than it counts.
+        """
+        loop = asyncio.get_running_loop()
+        futures: dict[GroupKey, asyncio.Future[RebuiltGroup]] = {}
+        for key in keys:
+            futures[key] = self._loading[key] = loop.create_future()
+        try:
+            groups = await load()
+            if len(groups) != len(keys):
+                raise ValueError(f"{len(keys)} groups to load, {len(groups)} loaded")
+        except asyncio.CancelledError:
+            for future in futures.values():
+                future.cancel()
+            raise
+        except Exception as exc:
+            for future in futures.values():
+                future.set_exception(exc)
+                future.exception()  # retrieved: no warning when nobody else waited
+            raise
+        else:
+            for (key, future), group in zip(futures.items(), groups, strict=True):
+                future.set_result(group)
+                self._typical_size = len(group.data)
+                self._keep(key, group)
+        finally:
+            for key in keys:
+                del self._loading[key]
 
     def read_to_end(self, key: GroupKey) -> None:
         """A fetch took the last batch of ``key``: it goes before the groups still in use."""
