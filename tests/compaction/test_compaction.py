@@ -25,7 +25,7 @@ from icefloe.storage import reader as reader_module
 from icefloe.storage.batch import Compression
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import ParquetLocation
-from icefloe.storage.rebuild import rebuild_group
+from icefloe.storage.rebuild import rebuild_groups
 from icefloe.storage.rebuilt import RebuiltGroup
 from icefloe.storage.records import Record, build_batch, decode_batch
 from icefloe.topics.registry import Topic, TopicRegistry
@@ -128,6 +128,35 @@ async def test_a_fetch_inside_a_row_group_has_the_next_group_rebuilt_ahead(
     assert store.stats.requests[RequestKind.GET] == gets  # the group was there already
 
 
+async def test_the_next_groups_of_a_file_are_rebuilt_ahead_together(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = parts[0]
+    stream, location = await compacted_row_groups(parts, 6)
+    rebuilt: list[int] = []  # the groups of each rebuild
+
+    def rebuild(rows: pa.Table, group_rows: list[int], **bounds: int | None) -> list[RebuiltGroup]:
+        rebuilt.append(len(group_rows))
+        return rebuild_groups(rows, group_rows, **bounds)
+
+    async def rebuilds(count: int) -> list[int]:
+        deadline = time.monotonic() + 10
+        while len(rebuilt) < count:
+            assert time.monotonic() < deadline, f"rebuilds so far: {rebuilt}"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # and no more
+        return rebuilt
+
+    monkeypatch.setattr(reader_module, "rebuild_groups", rebuild)
+    await storage.read_records(stream, 0, max_bytes=1)
+    assert await rebuilds(2) == [1, 4]  # the first group, then the next four at once
+    first_of_third, _ = location.row_groups[2]
+    records = await storage.read_records(stream, first_of_third, max_bytes=1)
+    assert records[0].offset == first_of_third
+    # The next four from the fourth: the fourth and fifth are there, the sixth (the last) not.
+    assert await rebuilds(3) == [1, 4, 1]
+
+
 async def test_reading_the_last_row_group_reads_nothing_ahead(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
 ) -> None:
@@ -184,11 +213,11 @@ async def test_a_default_row_group_is_rebuilt_on_the_event_loop_and_a_larger_one
         monkeypatch.setattr(reader_module, "LOOP_WORK_BYTES", 0)
     rebuilt_on: list[threading.Thread] = []
 
-    def rebuild(rows: pa.Table, **bounds: int | None) -> RebuiltGroup:
+    def rebuild(rows: pa.Table, group_rows: list[int], **bounds: int | None) -> list[RebuiltGroup]:
         rebuilt_on.append(threading.current_thread())
-        return rebuild_group(rows, **bounds)
+        return rebuild_groups(rows, group_rows, **bounds)
 
-    monkeypatch.setattr(reader_module, "rebuild_group", rebuild)
+    monkeypatch.setattr(reader_module, "rebuild_groups", rebuild)
     records = await storage.read_records(stream, 0, max_bytes=1)
     assert records[0].offset == 0
     assert (rebuilt_on == [threading.main_thread()]) is on_the_loop

@@ -190,3 +190,69 @@ async def test_a_cancelled_loader_does_not_cancel_the_fetches_waiting_for_it() -
     assert (await waiter).batch_count == 1
     with pytest.raises(asyncio.CancelledError):
         await loader
+
+
+async def test_groups_loaded_together_are_one_load_that_fetches_of_any_of_them_wait_for() -> None:
+    cache = RebuiltGroups(1 << 20)
+    release = asyncio.Event()
+    loads = 0
+    groups = [group_of(1), group_of(2), group_of(3)]
+
+    async def load_three() -> list[RebuiltGroup]:
+        nonlocal loads
+        loads += 1
+        await release.wait()
+        return groups
+
+    async def never() -> RebuiltGroup:
+        raise AssertionError("loaded on its own")
+
+    keys = [("f", 4), ("f", 5), ("f", 6)]
+    together = asyncio.create_task(cache.load_together(keys, load_three))
+    await asyncio.sleep(0)
+    assert all(cache.holds(key) for key in keys)
+    wanted = asyncio.create_task(cache.get(("f", 5), never))
+    await asyncio.sleep(0)
+    release.set()
+    await together
+
+    assert await wanted is groups[1]
+    assert [await cache.get(key, never) for key in keys] == groups
+    assert loads == 1
+    assert cache.size == sum(len(g.data) for g in groups)
+
+
+@pytest.mark.parametrize("returned", [OSError("gone"), 2], ids=["failed", "too-few-groups"])
+async def test_a_failed_load_together_fails_the_fetches_waiting_and_keeps_nothing(
+    returned: OSError | int,
+) -> None:
+    cache = RebuiltGroups(1 << 20)
+    release = asyncio.Event()
+
+    async def load() -> list[RebuiltGroup]:
+        await release.wait()
+        if isinstance(returned, OSError):
+            raise returned
+        return [group_of(1)] * returned
+
+    keys = [("f", 0), ("f", 1), ("f", 2)]
+    together = asyncio.create_task(cache.load_together(keys, load))
+    await asyncio.sleep(0)
+    load_one = _loads_one()
+    waiter = asyncio.create_task(cache.get(("f", 1), load_one))
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises((OSError, ValueError)):
+        await together
+    with pytest.raises((OSError, ValueError)):
+        await waiter
+
+    assert not any(cache.holds(key) for key in keys)
+    assert (await cache.get(("f", 1), load_one)).batch_count == 1  # the next fetch loads it
+
+
+def _loads_one() -> Callable[[], Awaitable[RebuiltGroup]]:
+    async def load() -> RebuiltGroup:
+        return group_of(4)
+
+    return load

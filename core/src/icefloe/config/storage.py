@@ -65,9 +65,10 @@ class StorageOptions(BaseModel):
     wal_cache_bytes: int = Field(default=64 << 20, ge=0)
     """This process's recent WAL objects kept in memory for reads, where the WAL is not on
     this host's files (the local WAL's are read from the kernel's page cache)."""
-    rebuilt_cache_bytes: int = Field(default=32 << 20, ge=0)
+    rebuilt_cache_bytes: int = Field(default=64 << 20, ge=0)
     """Kafka batches rebuilt from Parquet row groups, kept for the catch-up fetches that
-    follow."""
+    follow: room for a consumer of 8 partitions to have each one's next 4 row groups (of 1
+    MiB) rebuilt ahead."""
     index_cache_entries: int = Field(default=100_000, ge=0)
     """Offset-index entries cached across all streams."""
     commit_deadline_s: float = Field(default=60.0, gt=0)

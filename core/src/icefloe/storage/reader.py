@@ -22,7 +22,7 @@ from icefloe.storage.coalesce import CoalescedReads
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.parquet_reader import ParquetRangeReader
-from icefloe.storage.rebuild import rebuild_group
+from icefloe.storage.rebuild import rebuild_groups
 from icefloe.storage.rebuilt import RebuiltGroup, RebuiltGroups
 from icefloe.storage.recent import RecentWalObjects
 
@@ -39,10 +39,14 @@ sixth more broker CPU. On the loop, a group of the default megabyte holds it for
 milliseconds (more for smaller records); larger groups, from files of larger batches, go to a
 thread, so that no read stalls the loop for long."""
 READ_AHEADS = 8
-"""Row groups rebuilt ahead of the fetches that will want them, at most, at once. A consumer
+"""Reads ahead of the fetches that will want their row groups, at most, at once. A consumer
 catching up asks for a partition's next group right after sending on its current one: read
 ahead, the group is rebuilt while the response travels and the consumer works through it,
 instead of while the consumer waits."""
+READ_AHEAD_GROUPS = 4
+"""Row groups of a file a read ahead rebuilds together. A decode and a rebuild each cost, whatever
+their rows, about what the rows of a 1 MiB group cost: four groups at once take about a third
+less CPU than one at a time."""
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -251,7 +255,8 @@ class StreamReader:
         self._row_group_threads = ThreadPoolExecutor(
             ROW_GROUP_THREADS, thread_name_prefix="icefloe-row-groups"
         )
-        self._reading_ahead: set[asyncio.Task[None]] = set()
+        self._reading_ahead: dict[asyncio.Task[None], int] = {}
+        """Reads ahead under way, and how many groups each rebuilds."""
 
     async def close(self) -> None:
         """Cancel the WAL reads in flight, the row groups being read ahead and the row group
@@ -453,57 +458,90 @@ class StreamReader:
         return end, True
 
     def _read_ahead(self, location: ParquetLocation, group: int, end: int) -> None:
-        """Rebuild ``group`` of the file in the background, unless it is rebuilt, under way,
-        past the file's end, :data:`READ_AHEADS` groups are being read ahead already, or the
-        cache has no room for it beside the groups in use. A failure is left for the fetch that
-        wants the group to meet and report."""
-        key = (location.key, group)
+        """Rebuild the file's next groups, from ``group`` on, in the background: the first of
+        the :data:`READ_AHEAD_GROUPS` from there that is neither rebuilt nor under way, and
+        those after it up to as many, in one go. Unless there is none, :data:`READ_AHEADS`
+        reads ahead are under way, or the cache has no room for the groups beside those in
+        use. A failure is left for the fetch that wants a group to meet and report."""
+        groups = self._groups_to_read_ahead(location, group)
+        ahead = sum(self._reading_ahead.values())
         if (
-            group >= len(location.row_groups)
+            not groups
             or len(self._reading_ahead) >= READ_AHEADS
-            or self._rebuilt.holds(key)
-            or not self._rebuilt.has_room_ahead(len(self._reading_ahead) + 1)
+            or not self._rebuilt.has_room_ahead(ahead + len(groups))
         ):
             return
+        keys = [(location.key, g) for g in groups]
+        load = functools.partial(self._rebuild_groups, location, groups, end)
 
         async def rebuild() -> None:
             try:
-                await self._rebuilt.get(key, functools.partial(self._rebuild, location, group, end))
+                await self._rebuilt.load_together(keys, load)
             except Exception as exc:  # noqa: BLE001 - the fetch that wants it meets it again
                 log.debug("reading %s ahead failed: %s", location.describe(), exc)
 
-        task = asyncio.create_task(rebuild(), name=f"read-ahead {location.key}#{group}")
-        self._reading_ahead.add(task)
-        task.add_done_callback(self._reading_ahead.discard)
+        task = asyncio.create_task(rebuild(), name=f"read-ahead {location.key}#{groups[0]}")
+        self._reading_ahead[task] = len(groups)
+        task.add_done_callback(self._reading_ahead.pop)
+
+    def _groups_to_read_ahead(self, location: ParquetLocation, group: int) -> list[int]:
+        """The groups :meth:`_read_ahead` would rebuild from ``group`` on."""
+        count = len(location.row_groups)
+        for first in range(group, min(count, group + READ_AHEAD_GROUPS)):
+            if not self._rebuilt.holds((location.key, first)):
+                break
+        else:
+            return []
+        groups = []
+        for g in range(first, min(count, first + READ_AHEAD_GROUPS)):
+            if self._rebuilt.holds((location.key, g)):
+                break
+            groups.append(g)
+        return groups
 
     async def _rebuild(self, location: ParquetLocation, group: int, end: int) -> RebuiltGroup:
         """The batches of ``group``; the last group's reach to ``end``, the file's end."""
-        last = group == len(location.row_groups) - 1
-        return await self._from_row_group(
-            location, group, functools.partial(rebuild_group, end_offset=end if last else None)
-        )
+        return (await self._rebuild_groups(location, [group], end))[0]
 
-    async def _from_row_group(
-        self, location: ParquetLocation, group: int, work: Callable[[pa.Table], T]
+    async def _rebuild_groups(
+        self, location: ParquetLocation, groups: list[int], end: int
+    ) -> list[RebuiltGroup]:
+        """The batches of consecutive ``groups``, rebuilt together; the file's last group's
+        reach to ``end``, the file's end."""
+        last = groups[-1] == len(location.row_groups) - 1
+
+        def rebuild(rows: pa.Table, group_rows: list[int]) -> list[RebuiltGroup]:
+            return rebuild_groups(rows, group_rows, end_offset=end if last else None)
+
+        return await self._from_row_groups(location, groups, rebuild)
+
+    async def _from_row_groups(
+        self,
+        location: ParquetLocation,
+        groups: list[int],
+        work: Callable[[pa.Table, list[int]], T],
     ) -> T:
-        """``work(rows of the group)``: decoded in a thread, worked on where
-        :data:`LOOP_WORK_BYTES` says.
+        """``work(rows of the groups, each group's row count)``: decoded in a thread, worked
+        on where :data:`LOOP_WORK_BYTES` says.
 
         Raises:
             NotFoundError: the file is gone.
-            CorruptDataError: the file does not decode as the table row schema.
+            CorruptDataError: the file does not decode as the table row schema, or has not
+                the row groups its index entry names.
         """
         try:
-            fetched = await self._parquet.fetch(location.key, location.size, [group])
+            fetched = await self._parquet.fetch(location.key, location.size, groups)
+            group_rows = [fetched.metadata.row_group(g).num_rows for g in groups]
             loop = asyncio.get_running_loop()
             rows = await loop.run_in_executor(self._row_group_threads, fetched.decode)
             # The buffers' size: `nbytes` would walk every column's offsets to the same end.
             if rows.get_total_buffer_size() <= LOOP_WORK_BYTES:
-                return work(rows)
-            return await loop.run_in_executor(self._row_group_threads, work, rows)
-        except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+                return work(rows, group_rows)
+            return await loop.run_in_executor(self._row_group_threads, work, rows, group_rows)
+        except (pa.ArrowException, OSError, ValueError, LookupError, TypeError) as exc:
+            which = ", ".join(str(g) for g in groups)
             raise CorruptDataError(
-                f"{location.describe()}, row group {group}, does not decode: {exc}"
+                f"{location.describe()}, row group {which}, does not decode: {exc}"
             ) from exc
 
     async def _read_chunk(self, entry: IndexEntry, start: int, end: int) -> bytes | memoryview:
@@ -556,10 +594,11 @@ class StreamReader:
             for group, (_, last) in enumerate(location.row_groups):
                 if last < floor:
                     continue
-                search = functools.partial(
-                    _first_at_or_after, timestamp_ms=timestamp, from_offset=floor
+                found = await self._from_row_groups(
+                    location,
+                    [group],
+                    lambda rows, _: _first_at_or_after(rows, timestamp, from_offset=floor),
                 )
-                found = await self._from_row_group(location, group, search)
                 if found is not None:
                     return found
             return None
