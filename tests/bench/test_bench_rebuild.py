@@ -18,7 +18,7 @@ from pytest_benchmark.fixture import BenchmarkFixture
 
 from icefloe.storage.parquet import encode_parquet
 from icefloe.storage.parquet_reader import KAFKA_COLUMNS
-from icefloe.storage.rebuild import rebuild_batches
+from icefloe.storage.rebuild import rebuild_batches, rebuild_group, rebuild_groups
 from icefloe.storage.records import Header
 from tests.bench.producer_batches import SHAPES, producer_batches, rows_of
 
@@ -88,3 +88,24 @@ def test_rebuild_1kib_records_beside_a_busy_thread(
     benchmark.extra_info["bytes"] = expected
 
     assert len(benchmark(rebuild_batches, table)) == expected
+
+
+GROUPS_TOGETHER = 4
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["together", "one-by-one"])
+def test_rebuild_four_1mib_groups(benchmark: BenchmarkFixture, together: bool) -> None:
+    """Four row groups of 1 MiB (16 batches of 64 records of 1 KiB each), rebuilt in one call
+    or a call each, as reads ahead and fetches' own loads rebuild them: a call's fixed cost
+    against its rows'. Compare the two means."""
+    table = rows_of(producer_batches(16 * GROUPS_TOGETHER, 1024, ()))
+    rows = table.num_rows // GROUPS_TOGETHER
+    slices = [table.slice(rows * n, rows) for n in range(GROUPS_TOGETHER)]
+    benchmark.extra_info["bytes"] = len(rebuild_batches(table))
+
+    def rebuild() -> int:
+        if together:
+            return len(rebuild_groups(table, [rows] * GROUPS_TOGETHER))
+        return len([rebuild_group(part) for part in slices])
+
+    assert benchmark(rebuild) == GROUPS_TOGETHER

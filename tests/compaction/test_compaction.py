@@ -201,16 +201,19 @@ async def test_nothing_is_read_ahead_without_room_beside_the_groups_in_use(
     assert store.stats.requests[RequestKind.GET] == gets  # the first group was kept
 
 
-@pytest.mark.parametrize("on_the_loop", [True, False], ids=["within-the-limit", "over-the-limit"])
+@pytest.mark.parametrize(
+    "limit", [None, "LOOP_WORK_BYTES", "LOOP_WORK_ROWS"], ids=["within", "over-bytes", "over-rows"]
+)
 async def test_a_default_row_group_is_rebuilt_on_the_event_loop_and_a_larger_one_in_a_thread(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
     monkeypatch: pytest.MonkeyPatch,
-    on_the_loop: bool,
+    limit: str | None,
 ) -> None:
     storage = parts[0]
     stream, _ = await compacted_row_groups(parts, 1)
-    if not on_the_loop:
-        monkeypatch.setattr(reader_module, "LOOP_WORK_BYTES", 0)
+    on_the_loop = limit is None
+    if limit is not None:
+        monkeypatch.setattr(reader_module, limit, 0)
     rebuilt_on: list[threading.Thread] = []
 
     def rebuild(rows: pa.Table, group_rows: list[int], **bounds: int | None) -> list[RebuiltGroup]:

@@ -31,13 +31,16 @@ ROW_GROUP_THREADS = 2
 """Threads that decode row groups (and work on the largest ones). Decoding lets the GIL go for
 most of its work; more threads would mostly wait for it and for each other: measured on two
 cores, two threads used a quarter less CPU per megabyte than the default pool."""
-LOOP_WORK_BYTES = 2 << 20
-"""A decoded row group up to this size is worked on (its batches rebuilt) on the event loop.
-The rebuild is a few dozen numpy and Arrow steps, and in a thread each of them lets the GIL go
-and then waits to take it back from the event loop, which made a catch-up read cost about a
-sixth more broker CPU. On the loop, a group of the default megabyte holds it for one to three
-milliseconds (more for smaller records); larger groups, from files of larger batches, go to a
-thread, so that no read stalls the loop for long."""
+LOOP_WORK_BYTES = 8 << 20
+LOOP_WORK_ROWS = 16_384
+"""Decoded row groups of up to these sizes (together: a read ahead rebuilds four) are worked
+on (their batches rebuilt) on the event loop. The rebuild is a few dozen numpy and Arrow
+steps, and in a thread each of them lets the GIL go and then waits to take it back from the
+event loop, which made a catch-up read cost about a sixth more broker CPU (four groups read
+ahead: an eighth). On the loop, four groups of the default megabyte of 1 KiB records hold it
+for about 5 ms, and the most rows it takes for 7-14 ms (records of 100-300 bytes, the longest
+with headers); larger groups, and groups of many smaller records, go to a thread, so that no
+read stalls the loop for long."""
 READ_AHEADS = 8
 """Reads ahead of the fetches that will want their row groups, at most, at once. A consumer
 catching up asks for a partition's next group right after sending on its current one: read
@@ -522,7 +525,7 @@ class StreamReader:
         work: Callable[[pa.Table, list[int]], T],
     ) -> T:
         """``work(rows of the groups, each group's row count)``: decoded in a thread, worked
-        on where :data:`LOOP_WORK_BYTES` says.
+        on where :data:`LOOP_WORK_BYTES` and :data:`LOOP_WORK_ROWS` say.
 
         Raises:
             NotFoundError: the file is gone.
@@ -535,7 +538,7 @@ class StreamReader:
             loop = asyncio.get_running_loop()
             rows = await loop.run_in_executor(self._row_group_threads, fetched.decode)
             # The buffers' size: `nbytes` would walk every column's offsets to the same end.
-            if rows.get_total_buffer_size() <= LOOP_WORK_BYTES:
+            if rows.num_rows <= LOOP_WORK_ROWS and rows.get_total_buffer_size() <= LOOP_WORK_BYTES:
                 return work(rows, group_rows)
             return await loop.run_in_executor(self._row_group_threads, work, rows, group_rows)
         except (pa.ArrowException, OSError, ValueError, LookupError, TypeError) as exc:
