@@ -91,8 +91,7 @@ def rebuild_groups(
     """:func:`rebuild_group` of each of the consecutive row groups ``table`` holds, of
     ``group_rows`` rows each, in one call: byte for byte the same groups (``end_offset`` is
     the last one's), for less work. A call costs over a hundred numpy and Arrow calls whatever
-    its rows, as much as the rows of a 1 MiB row group cost. The groups' data are views of
-    one buffer.
+    its rows, as much as the rows of a 1 MiB row group cost.
 
     Raises:
         ValueError: ``group_rows`` does not add up to the table's rows.
@@ -151,26 +150,26 @@ def rebuild_groups(
     header_column = pa.BinaryArray.from_buffers(
         pa.binary(), rows, [None, pa.py_buffer(header_bounds), pa.py_buffer(headers.view(np.uint8))]
     )
-    joined = pc.binary_join_element_wise(
-        header_column, *records, b"", null_handling="replace", null_replacement=b""
-    )
-    bounds = _offsets(joined)
-    positions = (bounds[np.append(starts, rows)].astype(np.int64) - bounds[0]).tolist()
-    data = _writable(joined.buffers()[2])[bounds[0] : bounds[-1]]
-    for start, end in itertools.pairwise(positions):
-        struct.pack_into(">I", data, start + CRC_AT, crc32c(data[start + ATTRIBUTES_AT : end]))
     next_offsets = (last_offsets + 1).tolist()
-    groups = []
     first_batches = np.searchsorted(starts, group_starts).tolist()
-    for first, after in itertools.pairwise(first_batches):
-        at = positions[first]
-        groups.append(
-            RebuiltGroup(
-                data[at : positions[after]],
-                [position - at for position in positions[first : after + 1]],
-                next_offsets[first:after],
-            )
+    # Joined a group at a time, so that each group's bytes are a buffer of their own: the
+    # cache counts each group's bytes and lets go of them apart.
+    groups = []
+    for (first_row, after_row), (first, after) in zip(
+        itertools.pairwise(group_starts.tolist()), itertools.pairwise(first_batches), strict=True
+    ):
+        rows_of_group = after_row - first_row
+        parts = [part.slice(first_row, rows_of_group) for part in (header_column, *records)]
+        joined = pc.binary_join_element_wise(
+            *parts, b"", null_handling="replace", null_replacement=b""
         )
+        bounds = _offsets(joined)
+        batch_rows = np.append(starts[first:after] - first_row, rows_of_group)
+        positions = (bounds[batch_rows].astype(np.int64) - bounds[0]).tolist()
+        data = _writable(joined.buffers()[2])[bounds[0] : bounds[-1]]
+        for start, end in itertools.pairwise(positions):
+            struct.pack_into(">I", data, start + CRC_AT, crc32c(data[start + ATTRIBUTES_AT : end]))
+        groups.append(RebuiltGroup(data, positions, next_offsets[first:after]))
     return groups
 
 

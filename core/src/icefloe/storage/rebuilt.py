@@ -121,12 +121,7 @@ class RebuiltGroups:
     ) -> None:
         """Load the groups ``keys`` (none of them held: :meth:`holds`) with one ``load()``,
         which returns them in order, and keep them as in use. A :meth:`get` of any of them
-        meanwhile waits for that load.
-
-        Their data may be views of one buffer, which then stays in memory until the last of
-        them goes: a cache that lets such groups go in the order they were loaded (as a
-        consumer reading on does) holds no more than it counts.
-        """
+        meanwhile waits for that load."""
         loop = asyncio.get_running_loop()
         futures: dict[GroupKey, asyncio.Future[RebuiltGroup]] = {}
         for key in keys:
