@@ -121,7 +121,8 @@ class RebuiltGroups:
     ) -> None:
         """Load the groups ``keys`` (none of them held: :meth:`holds`) with one ``load()``,
         which returns them in order, and keep them as in use. A :meth:`get` of any of them
-        meanwhile waits for that load."""
+        meanwhile waits for that load; if it fails, each such get loads its own group, so that
+        a fault in one group fails only the fetches that want that group."""
         loop = asyncio.get_running_loop()
         futures: dict[GroupKey, asyncio.Future[RebuiltGroup]] = {}
         for key in keys:
@@ -130,14 +131,9 @@ class RebuiltGroups:
             groups = await load()
             if len(groups) != len(keys):
                 raise ValueError(f"{len(keys)} groups to load, {len(groups)} loaded")
-        except asyncio.CancelledError:
+        except BaseException:
             for future in futures.values():
-                future.cancel()
-            raise
-        except Exception as exc:
-            for future in futures.values():
-                future.set_exception(exc)
-                future.exception()  # retrieved: no warning when nobody else waited
+                future.cancel()  # what get() takes for "load it yourself"
             raise
         else:
             for (key, future), group in zip(futures.items(), groups, strict=True):
