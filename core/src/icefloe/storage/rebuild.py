@@ -3,7 +3,7 @@
 A catch-up read turns Parquet rows back into the batches the producer sent. Encoding record by
 record in Python costs microseconds per record; here every field of every record is encoded at
 once with numpy (zigzag varints as byte matrices), every batch's header too (a structured
-array of big-endian fields), and Arrow (``binary_join_element_wise``) writes the whole run of
+array of big-endian fields), and Arrow (``binary_join_element_wise``) writes a row group's
 batches in one pass: each row's bytes are its batch's header if it is the batch's first row,
 then its record. Python only loops over batches, to fill in their CRCs in place. The output is
 byte for byte what :func:`icefloe.storage.records.build_batch` writes for the same records,
