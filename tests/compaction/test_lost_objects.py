@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from icefloe.compaction.service import Compactor
@@ -15,6 +17,7 @@ from icefloe.embedded import local_wal
 from icefloe.errors import CorruptDataError, LostDataError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
+from icefloe.storage.row_schema import ROW_SCHEMA
 from icefloe.topics.registry import TopicRegistry
 from tests.compaction.test_compaction import comparable, read_all, records
 
@@ -119,6 +122,23 @@ async def test_a_corrupt_parquet_file_is_corrupt_data(
 
     with pytest.raises(CorruptDataError, match="Parquet file"):
         await storage.read(stream, 0)
+
+
+async def test_a_parquet_file_without_the_row_groups_its_entry_names_is_corrupt_data(
+    config: Config, parts: tuple[StreamStorage, TopicRegistry, Compactor]
+) -> None:
+    storage = parts[0]
+    stream, entry = await one_compacted_entry(parts)
+    path = parquet_file(config, entry)
+    empty = pa.BufferOutputStream()
+    pq.ParquetWriter(empty, ROW_SCHEMA, store_schema=False).close()  # a file of no row groups
+    tail = empty.getvalue().to_pybytes()
+    path.write_bytes(bytes(path.stat().st_size - len(tail)) + tail)  # same size
+
+    with pytest.raises(CorruptDataError, match="row group 0"):
+        await storage.read(stream, 0)
+    with pytest.raises(CorruptDataError, match="row group 0"):
+        await storage.offset_for_timestamp(stream, 0)
 
 
 async def test_a_wal_object_replaced_by_compaction_is_not_lost(
