@@ -208,9 +208,8 @@ async def test_groups_loaded_together_are_one_load_that_fetches_of_any_of_them_w
         raise AssertionError("loaded on its own")
 
     keys = [("f", 4), ("f", 5), ("f", 6)]
-    together = asyncio.create_task(cache.load_together(keys, load_three))
-    await asyncio.sleep(0)
-    assert all(cache.holds(key) for key in keys)
+    together = cache.load_together(keys, load_three, name="three")
+    assert all(cache.holds(key) for key in keys)  # from the call on, before the task runs
     wanted = asyncio.create_task(cache.get(("f", 5), never))
     await asyncio.sleep(0)
     release.set()
@@ -239,8 +238,7 @@ async def test_a_failed_load_together_keeps_nothing_and_its_waiters_load_their_o
         return group_of(4)
 
     keys = [("f", 0), ("f", 1), ("f", 2)]
-    together = asyncio.create_task(cache.load_together(keys, load))
-    await asyncio.sleep(0)
+    together = cache.load_together(keys, load, name="three")
     waiter = asyncio.create_task(cache.get(("f", 1), load_one))
     await asyncio.sleep(0)
     release.set()
@@ -249,3 +247,22 @@ async def test_a_failed_load_together_keeps_nothing_and_its_waiters_load_their_o
 
     assert (await waiter).batch_count == 1  # its own load: a fault elsewhere is not its own
     assert [cache.holds(key) for key in keys] == [False, True, False]
+
+
+async def test_a_load_together_cancelled_before_it_runs_leaves_its_groups_to_fetches() -> None:
+    cache = RebuiltGroups(1 << 20)
+
+    async def never() -> list[RebuiltGroup]:
+        raise AssertionError("started")
+
+    async def load_one() -> RebuiltGroup:
+        return group_of(2)
+
+    keys = [("f", 0), ("f", 1)]
+    together = cache.load_together(keys, never, name="two")
+    waiter = asyncio.create_task(cache.get(("f", 0), load_one))
+    together.cancel()
+
+    assert (await waiter).batch_count == 1
+    assert together.cancelled()
+    assert [cache.holds(key) for key in keys] == [True, False]

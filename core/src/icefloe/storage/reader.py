@@ -474,18 +474,19 @@ class StreamReader:
             or not self._rebuilt.has_room_ahead(ahead + len(groups))
         ):
             return
-        keys = [(location.key, g) for g in groups]
-        load = functools.partial(self._rebuild_groups, location, groups, end)
-
-        async def rebuild() -> None:
-            try:
-                await self._rebuilt.load_together(keys, load)
-            except Exception as exc:  # noqa: BLE001 - the fetch that wants it meets it again
-                log.debug("reading %s ahead failed: %s", location.describe(), exc)
-
-        task = asyncio.create_task(rebuild(), name=f"read-ahead {location.key}#{groups[0]}")
+        task = self._rebuilt.load_together(
+            [(location.key, g) for g in groups],
+            functools.partial(self._rebuild_groups, location, groups, end),
+            name=f"read-ahead {location.key}#{groups[0]}",
+        )
         self._reading_ahead[task] = len(groups)
-        task.add_done_callback(self._reading_ahead.pop)
+        task.add_done_callback(self._read_ahead_done)
+
+    def _read_ahead_done(self, task: asyncio.Task[None]) -> None:
+        del self._reading_ahead[task]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # The fetch that wants a group meets the failure again, and reports it.
+            log.debug("%s failed: %s", task.get_name(), exc)
 
     def _groups_to_read_ahead(self, location: ParquetLocation, group: int) -> list[int]:
         """The groups :meth:`_read_ahead` would rebuild from ``group`` on."""

@@ -116,32 +116,45 @@ class RebuiltGroups:
         finally:
             del self._loading[key]
 
-    async def load_together(
-        self, keys: list[GroupKey], load: Callable[[], Awaitable[list[RebuiltGroup]]]
-    ) -> None:
-        """Load the groups ``keys`` (none of them held: :meth:`holds`) with one ``load()``,
-        which returns them in order, and keep them as in use. A :meth:`get` of any of them
-        meanwhile waits for that load; if it fails, each such get loads its own group, so that
-        a fault in one group fails only the fetches that want that group."""
+    def load_together(
+        self,
+        keys: list[GroupKey],
+        load: Callable[[], Awaitable[list[RebuiltGroup]]],
+        name: str,
+    ) -> asyncio.Task[None]:
+        """Start loading the groups ``keys`` (none of them held: :meth:`holds`) with one
+        ``load()``, which returns them in order, in a task named ``name``, and keep them as in
+        use. They count as under way from this call on, so that a fetch that wants one of them
+        before the task runs waits for it rather than load it too. If the load fails or is
+        cancelled, each fetch waiting loads its own group: a fault in one group fails only the
+        fetches that want that group. The task's failure is for its caller to collect."""
         loop = asyncio.get_running_loop()
         futures: dict[GroupKey, asyncio.Future[RebuiltGroup]] = {}
         for key in keys:
             futures[key] = self._loading[key] = loop.create_future()
-        try:
-            groups = await load()
-            if len(groups) != len(keys):
-                raise ValueError(f"{len(keys)} groups to load, {len(groups)} loaded")
-        except BaseException:
-            for future in futures.values():
-                future.cancel()  # what get() takes for "load it yourself"
-            raise
-        else:
-            for (key, future), group in zip(futures.items(), groups, strict=True):
-                future.set_result(group)
-                self._typical_size = len(group.data)
-                self._keep(key, group)
-        finally:
-            for key in keys:
+        task = loop.create_task(self._load_together(futures, load), name=name)
+        task.add_done_callback(lambda _: self._loaded(futures))
+        return task
+
+    async def _load_together(
+        self,
+        futures: dict[GroupKey, asyncio.Future[RebuiltGroup]],
+        load: Callable[[], Awaitable[list[RebuiltGroup]]],
+    ) -> None:
+        groups = await load()
+        if len(groups) != len(futures):
+            raise ValueError(f"{len(futures)} groups to load, {len(groups)} loaded")
+        for (key, future), group in zip(futures.items(), groups, strict=True):
+            future.set_result(group)
+            self._typical_size = len(group.data)
+            self._keep(key, group)
+
+    def _loaded(self, futures: dict[GroupKey, asyncio.Future[RebuiltGroup]]) -> None:
+        """A load together ended, even one cancelled before it started: the groups are no
+        longer under way, and any it did not load are left to fetches."""
+        for key, future in futures.items():
+            future.cancel()  # what get() takes for "load it yourself"; nothing once loaded
+            if self._loading.get(key) is future:
                 del self._loading[key]
 
     def read_to_end(self, key: GroupKey) -> None:
