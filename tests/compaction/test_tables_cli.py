@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from icefloe.cli import cli
 from icefloe.cli.tables import _describe_table
-from icefloe.errors import NotFoundError
+from icefloe.errors import NotFoundError, StorageError
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.records import Record
 from icefloe.topics.registry import TopicRegistry
@@ -91,6 +91,40 @@ def test_tables_reports_a_table_dropped_while_it_is_read_as_missing() -> None:
         "commit": None,
         "files": None,
     }
+
+
+class _LogFileGoneWhileRead(_DroppedWhileRead):
+    """A Delta table dropped while it is read: the log file it had just listed is gone, then
+    the table is."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def last_commit(self, spec: Any) -> int:
+        self.reads += 1
+        if self.reads == 1:
+            raise StorageError("Kernel error: File not found: _delta_log/00000000000000000001.json")
+        raise NotFoundError("the table does not exist")
+
+
+def test_tables_reads_a_table_again_when_a_file_it_listed_is_gone() -> None:
+    spec = SimpleNamespace(identifier="icefloe.t", location="file:///tables/t")
+    table_format = _LogFileGoneWhileRead()
+
+    row = asyncio.run(_describe_table(cast(Any, table_format), cast(Any, spec)))
+
+    assert (row["commit"], row["files"], table_format.reads) == (None, None, 2)
+
+
+class _Broken(_DroppedWhileRead):
+    async def files(self, spec: Any) -> list[Any]:
+        raise StorageError("the table's log does not parse")
+
+
+def test_tables_reports_a_table_that_fails_twice() -> None:
+    spec = SimpleNamespace(identifier="icefloe.t", location="file:///tables/t")
+    with pytest.raises(StorageError, match="does not parse"):
+        asyncio.run(_describe_table(cast(Any, _Broken()), cast(Any, spec)))
 
 
 def test_tables_takes_the_data_dir_option(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from icefloe.errors import (
     ConflictError,
     IcefloeError,
     NotFoundError,
+    StorageError,
     UnavailableError,
 )
 from icefloe.ports.metadata import MUST_NOT_EXIST
@@ -310,12 +311,19 @@ async def _describe_table(table_format: TableFormat, spec: TableSpec) -> dict[st
         "commit": None,
         "files": None,
     }
-    try:
-        commit = await _patiently(lambda: table_format.last_commit(spec))
-        info = await _patiently(lambda: table_format.ensure_table(spec))
-        files = await _patiently(lambda: table_format.files(spec))
-    except NotFoundError:  # not created yet, or dropped meanwhile with its deleted topic
-        return missing
+    for attempt in range(2):
+        try:
+            commit = await _patiently(lambda: table_format.last_commit(spec))
+            info = await _patiently(lambda: table_format.ensure_table(spec))
+            files = await _patiently(lambda: table_format.files(spec))
+            break
+        except NotFoundError:  # not created yet, or dropped meanwhile with its deleted topic
+            return missing
+        except StorageError:
+            # A table dropped while it is read may fail on a file it listed a moment before
+            # (Delta's log): read it again, as it is now, and fail only if it fails again.
+            if attempt:
+                raise
     return {
         "identifier": info.identifier,
         "location": info.location,
