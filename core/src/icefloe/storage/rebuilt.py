@@ -30,7 +30,7 @@ GroupKey = tuple[str, int]
 """(object key of the data file, row group)."""
 DEMAND_LOADS = 2
 """Groups of room that reading ahead leaves for fetches loading their own. Measured with a
-consumer catching up on 64 partitions (some 500 groups) through the default 32 MiB: with none
+consumer catching up on 64 partitions (some 500 groups) through a cache of 32 MiB: with none
 left, such loads pushed out about 100 groups read ahead before their fetch came."""
 
 
