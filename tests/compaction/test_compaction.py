@@ -201,30 +201,23 @@ async def test_nothing_is_read_ahead_without_room_beside_the_groups_in_use(
     assert store.stats.requests[RequestKind.GET] == gets  # the first group was kept
 
 
-@pytest.mark.parametrize(
-    "limit", [None, "LOOP_WORK_BYTES", "LOOP_WORK_ROWS"], ids=["within", "over-bytes", "over-rows"]
-)
-async def test_a_default_row_group_is_rebuilt_on_the_event_loop_and_a_larger_one_in_a_thread(
+async def test_a_row_group_is_decoded_and_rebuilt_in_a_row_group_thread(
     parts: tuple[StreamStorage, TopicRegistry, Compactor],
     monkeypatch: pytest.MonkeyPatch,
-    limit: str | None,
 ) -> None:
     storage = parts[0]
     stream, _ = await compacted_row_groups(parts, 1)
-    on_the_loop = limit is None
-    if limit is not None:
-        monkeypatch.setattr(reader_module, limit, 0)
-    rebuilt_on: list[threading.Thread] = []
+    rebuilt_on: list[str] = []
 
     def rebuild(rows: pa.Table, group_rows: list[int], **bounds: int | None) -> list[RebuiltGroup]:
-        rebuilt_on.append(threading.current_thread())
+        rebuilt_on.append(threading.current_thread().name)
         return rebuild_groups(rows, group_rows, **bounds)
 
     monkeypatch.setattr(reader_module, "rebuild_groups", rebuild)
     records = await storage.read_records(stream, 0, max_bytes=1)
     assert records[0].offset == 0
-    assert (rebuilt_on == [threading.main_thread()]) is on_the_loop
     assert len(rebuilt_on) == 1
+    assert rebuilt_on[0].startswith("icefloe-row-groups")
 
 
 async def test_log_append_time_survives_compaction(

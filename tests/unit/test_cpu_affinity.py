@@ -18,6 +18,7 @@ import pytest
 
 from icefloe import cpu_affinity
 from icefloe.compaction import local_engine
+from icefloe.storage.reader import StreamReader
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
@@ -107,6 +108,25 @@ def test_compaction_workers_of_a_pinned_broker_run_on_every_core() -> None:
 
     assert broker == {sorted(cores)[1]}
     assert worker == cores
+
+
+def _row_group_thread_cores() -> tuple[set[int], set[int]]:
+    cpu_affinity.pin_to_one_core(1)
+    reader = StreamReader(None, None, None, None, 0)  # type: ignore[arg-type]  # the pool only
+    try:
+        thread = reader._row_group_threads.submit(os.sched_getaffinity, 0).result()
+    finally:
+        reader._row_group_threads.shutdown()
+    return os.sched_getaffinity(0), thread
+
+
+def test_a_pinned_brokers_row_group_threads_run_on_every_core() -> None:
+    cores = os.sched_getaffinity(0)
+
+    broker, thread = in_child(_row_group_thread_cores)
+
+    assert broker == {sorted(cores)[1]}
+    assert thread == cores
 
 
 def _refused(index: int) -> tuple[int | None, Any]:

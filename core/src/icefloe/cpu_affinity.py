@@ -13,7 +13,10 @@ catch-up reads from Parquet with a sixth less CPU. Each broker of a host gets it
 
 What a pinned broker starts to do heavy work of its own (its compactor's process, compaction
 worker processes, Spark's JVM) is given every core back: :func:`cores_before_pinning`,
-:func:`use_cores`, :func:`unpinned`.
+:func:`use_cores`, :func:`unpinned`. So are its threads that work for milliseconds at a time on
+their own, mostly without the GIL (decoding Parquet row groups, rebuilding their batches):
+:func:`on_every_core`. On the broker's core they would only take turns with its event loop;
+on another, they work while it serves requests.
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ def use_cores(cores: Iterable[int] | None) -> None:
     if cores is not None and hasattr(os, "sched_setaffinity"):
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cores)
+
+
+def on_every_core() -> None:
+    """Let the calling thread run on every core the process had before it was pinned (none
+    changes if it was not): the initializer of a pool whose work is long and needs little of
+    the GIL."""
+    use_cores(cores_before_pinning())
 
 
 @contextlib.contextmanager

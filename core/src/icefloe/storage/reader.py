@@ -13,6 +13,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from icefloe.cpu_affinity import on_every_core
 from icefloe.errors import CorruptDataError, IcefloeError, LostDataError, NotFoundError
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
@@ -28,19 +29,12 @@ from icefloe.storage.recent import RecentWalObjects
 
 MAX_ENTRIES_PER_READ = 64
 ROW_GROUP_THREADS = 2
-"""Threads that decode row groups (and work on the largest ones). Decoding lets the GIL go for
-most of its work; more threads would mostly wait for it and for each other: measured on two
-cores, two threads used a quarter less CPU per megabyte than the default pool."""
-LOOP_WORK_BYTES = 8 << 20
-LOOP_WORK_ROWS = 16_384
-"""Decoded row groups of up to these sizes (together: a read ahead rebuilds four) are worked
-on (their batches rebuilt) on the event loop. The rebuild is a few dozen numpy and Arrow
-steps, and in a thread each of them lets the GIL go and then waits to take it back from the
-event loop, which made a catch-up read cost about a sixth more broker CPU (four groups read
-ahead: an eighth). On the loop, four groups of the default megabyte of 1 KiB records hold it
-for about 5 ms, and the most rows it takes for 7-14 ms (records of 100-300 bytes, the longest
-with headers); larger groups, and groups of many smaller records, go to a thread, so that no
-read stalls the loop for long."""
+"""Threads that decode row groups and rebuild their batches, one hand-over per read: off the
+event loop, and where the broker is pinned to one core, on every core the process had
+(:func:`~icefloe.cpu_affinity.on_every_core`), so that a read ahead's work runs beside the
+fetches the loop serves. Decoding lets the GIL go for most of its work, and the rebuild's Arrow
+steps do too; more threads would mostly wait for it and for each other: measured on two cores,
+two threads used a quarter less CPU per megabyte than the default pool."""
 READ_AHEADS = 8
 """Reads ahead of the fetches that will want their row groups, at most, at once. A consumer
 catching up asks for a partition's next group right after sending on its current one: read
@@ -256,7 +250,7 @@ class StreamReader:
         self._parquet = ParquetRangeReader(store)
         self._rebuilt = RebuiltGroups(rebuilt_cache_bytes)
         self._row_group_threads = ThreadPoolExecutor(
-            ROW_GROUP_THREADS, thread_name_prefix="icefloe-row-groups"
+            ROW_GROUP_THREADS, thread_name_prefix="icefloe-row-groups", initializer=on_every_core
         )
         self._reading_ahead: dict[asyncio.Task[None], int] = {}
         """Reads ahead under way, and how many groups each rebuilds."""
@@ -525,8 +519,8 @@ class StreamReader:
         groups: list[int],
         work: Callable[[pa.Table, list[int]], T],
     ) -> T:
-        """``work(rows of the groups, each group's row count)``: decoded in a thread, worked
-        on where :data:`LOOP_WORK_BYTES` and :data:`LOOP_WORK_ROWS` say.
+        """``work(rows of the groups, each group's row count)``, decoded and worked on in a
+        row-group thread.
 
         Raises:
             NotFoundError: the file is gone.
@@ -536,12 +530,12 @@ class StreamReader:
         try:
             fetched = await self._parquet.fetch(location.key, location.size, groups)
             group_rows = [fetched.metadata.row_group(g).num_rows for g in groups]
+
+            def decode_and_work() -> T:
+                return work(fetched.decode(), group_rows)
+
             loop = asyncio.get_running_loop()
-            rows = await loop.run_in_executor(self._row_group_threads, fetched.decode)
-            # The buffers' size: `nbytes` would walk every column's offsets to the same end.
-            if rows.num_rows <= LOOP_WORK_ROWS and rows.get_total_buffer_size() <= LOOP_WORK_BYTES:
-                return work(rows, group_rows)
-            return await loop.run_in_executor(self._row_group_threads, work, rows, group_rows)
+            return await loop.run_in_executor(self._row_group_threads, decode_and_work)
         except (pa.ArrowException, OSError, ValueError, LookupError, TypeError) as exc:
             which = ", ".join(str(g) for g in groups)
             raise CorruptDataError(
