@@ -182,10 +182,10 @@ async def _describe(
             topic_id=topic_id,
             partitions=(),
         )
-    cluster = ctx.broker.cluster
+    owners = ctx.broker.cluster.owners(topic.name, topic.partitions, zone)
     partitions = []
     for index in range(topic.partitions):
-        owner = cluster.owner(topic.name, index, zone).node_id
+        owner = owners[index].node_id
         partitions.append(
             make(
                 module.MetadataResponsePartition,

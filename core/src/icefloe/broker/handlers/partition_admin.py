@@ -184,8 +184,9 @@ async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
     topics = []
     for topic, indexes in wanted:
         answers = []
+        owners = broker.cluster.owners(topic.name, topic.partitions, zone)
         for index in indexes:
-            if broker.cluster.owner(topic.name, index, zone).node_id != broker.me.node_id:
+            if owners[index].node_id != broker.me.node_id:
                 continue  # another broker reports it, as its leader in Metadata
             try:
                 size = await _partition_size(ctx, topic.streams[index])

@@ -16,6 +16,7 @@ from icefloe.broker.server import RequestContext
 from icefloe.cluster import client_zone
 from icefloe.errors import CorruptDataError, IcefloeError, LostDataError
 from icefloe.quiet_log import QuietLog
+from icefloe.topics import internal
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,15 @@ def owned_elsewhere(ctx: RequestContext, topic: str, partition: int) -> bool:
     broker = ctx.broker
     if not broker.options.strict_ownership:
         return False
-    owner = broker.cluster.owner(topic, partition, client_zone(ctx.client_id))
+    if internal.is_internal(topic):
+        count = internal.PARTITIONS
+    elif (known := broker.topics.get_cached(topic)) is not None:
+        count = known.partitions
+    else:
+        return False  # no such topic: the caller says so
+    if not 0 <= partition < count:
+        return False
+    owner = broker.cluster.owner(topic, count, partition, client_zone(ctx.client_id))
     return owner.node_id != broker.me.node_id
 
 
