@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,25 @@ def test_strict_ownership_sends_clients_to_the_owner(strict_brokers: RunningIcef
     assert answers[other_port].error_code == ErrorCode.not_leader_or_follower
     assert answers[owner_port].error_code == ErrorCode.none
     assert log_end(strict_brokers, TOPIC, 0) == 1
+
+
+def test_two_brokers_agree_on_the_owners_of_a_topics_partitions_and_own_half_each(
+    strict_brokers: RunningIcefloe,
+) -> None:
+    """Partitions spread evenly: by rendezvous hashing alone this topic went 7 to 1."""
+    create_topic(strict_brokers, "sidebyside", 8)
+    seen = AdminClient({"bootstrap.servers": strict_brokers.bootstrap}).list_topics(timeout=10)
+    leaders_by_broker = []
+    for broker in seen.brokers.values():
+        answer = AdminClient({"bootstrap.servers": f"{broker.host}:{broker.port}"}).list_topics(
+            "sidebyside", timeout=10
+        )
+        partitions = answer.topics["sidebyside"].partitions
+        leaders_by_broker.append([partitions[p].leader for p in range(8)])
+
+    assert len(leaders_by_broker) == 2
+    assert leaders_by_broker[0] == leaders_by_broker[1]
+    assert sorted(Counter(leaders_by_broker[0]).values()) == [4, 4]
 
 
 def test_produce_answers_report_the_log_start(fresh: Fresh) -> None:
