@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -91,42 +92,37 @@ def test_unpinned_in_a_process_never_pinned_changes_nothing() -> None:
     assert in_child(_unpinned_without_pinning) == os.sched_getaffinity(0)
 
 
-def _compaction_worker_cores() -> tuple[set[int], set[int]]:
+def _compaction_workers() -> Executor:
+    return local_engine.LocalCompactionEngine(config=None, workers=1)._pool
+
+
+def _row_group_threads() -> Executor:
+    return StreamReader(None, None, None, None, 0)._row_group_threads  # type: ignore[arg-type]
+
+
+def _pinned_and_pool_cores(make_pool: Callable[[], Executor]) -> tuple[set[int], set[int]]:
     cpu_affinity.pin_to_one_core(1)
-    engine = local_engine.LocalCompactionEngine(config=None, workers=1)
+    pool = make_pool()
     try:
-        worker = engine._pool.submit(os.sched_getaffinity, 0).result()
+        worker = pool.submit(os.sched_getaffinity, 0).result()
     finally:
-        engine._pool.shutdown()
+        pool.shutdown()
     return os.sched_getaffinity(0), worker
 
 
-def test_compaction_workers_of_a_pinned_broker_run_on_every_core() -> None:
+@pytest.mark.parametrize(
+    "make_pool", [_compaction_workers, _row_group_threads], ids=["compaction", "row-groups"]
+)
+def test_the_heavy_work_pools_of_a_pinned_broker_run_on_every_core(
+    make_pool: Callable[[], Executor],
+) -> None:
+    """Compaction's worker processes and the threads that decode Parquet row groups."""
     cores = os.sched_getaffinity(0)
 
-    broker, worker = in_child(_compaction_worker_cores)
+    broker, worker = in_child(functools.partial(_pinned_and_pool_cores, make_pool))
 
     assert broker == {sorted(cores)[1]}
     assert worker == cores
-
-
-def _row_group_thread_cores() -> tuple[set[int], set[int]]:
-    cpu_affinity.pin_to_one_core(1)
-    reader = StreamReader(None, None, None, None, 0)  # type: ignore[arg-type]  # the pool only
-    try:
-        thread = reader._row_group_threads.submit(os.sched_getaffinity, 0).result()
-    finally:
-        reader._row_group_threads.shutdown()
-    return os.sched_getaffinity(0), thread
-
-
-def test_a_pinned_brokers_row_group_threads_run_on_every_core() -> None:
-    cores = os.sched_getaffinity(0)
-
-    broker, thread = in_child(_row_group_thread_cores)
-
-    assert broker == {sorted(cores)[1]}
-    assert thread == cores
 
 
 def _refused(index: int) -> tuple[int | None, Any]:
