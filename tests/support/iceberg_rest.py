@@ -97,5 +97,5 @@ def _start(env: dict[str, str]) -> IcebergRest:
         timeout=90.0,
     )
     process.start()
-    atexit.register(process.stop)
+    atexit.register(process.discard)
     return IcebergRest(port, process)
