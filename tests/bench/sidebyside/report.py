@@ -26,6 +26,12 @@ def rows(rate: int) -> list[Row]:
         Row("Java producer, avg latency ms", "java_producer", "avg_ms", 0),
         Row("Java producer, p50 latency ms", "java_producer", "p50_ms", 0),
         Row("Java producer, p99 latency ms", "java_producer", "p99_ms", 0),
+        Row(
+            "Java producer, request latency ms (client's average)",
+            "java_producer",
+            "request_latency_ms",
+        ),
+        Row("Java producer, requests", "java_producer", "requests", 0),
         Row("Java producer, server CPU s", "java_producer", "server_cpu_s"),
         Row("Java producer, broker CPU s", "java_producer", "broker_cpu_s"),
         Row("Java producer, client CPU s", "java_producer", "client_cpu_s"),

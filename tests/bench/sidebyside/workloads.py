@@ -124,6 +124,17 @@ PRODUCER_SUMMARY = re.compile(
     r"(?P<p95_ms>[\d.]+) ms 95th, (?P<p99_ms>[\d.]+) ms 99th, (?P<p999_ms>[\d.]+) ms 99.9th"
 )
 
+# Two of the client's own metrics (``--print-metrics``), e.g.
+# "producer-metrics:request-latency-avg:{client-id=perf-producer-client}  : 40.848". With at most
+# five requests in flight, the average request latency caps the client's throughput.
+PRODUCER_METRICS = {
+    "request-latency-avg": "request_latency_ms",
+    "request-total": "requests",
+}
+PRODUCER_METRIC = re.compile(
+    r"^producer-metrics:(?P<name>[a-z-]+):\{[^}]*\}\s*:\s*(?P<value>[\d.]+)$"
+)
+
 
 def producer_performance(
     java: Java,
@@ -139,7 +150,7 @@ def producer_performance(
     harness's, so they override them."""
     props = [f"bootstrap.servers={server.bootstrap}", *PRODUCER_PROPS, *extra_props]
     args = ["--topic", topic, "--num-records", str(records), "--record-size", str(record_bytes)]
-    args += ["--throughput", str(throughput), "--producer-props", *props]
+    args += ["--throughput", str(throughput), "--print-metrics", "--producer-props", *props]
     command = java.command("org.apache.kafka.tools.ProducerPerformance", args, TOOL_HEAP)
     expected_s = records / throughput if throughput > 0 else records / 5_000
     output = run_tool(command, 120 + 2 * expected_s, "ProducerPerformance")
@@ -147,11 +158,20 @@ def producer_performance(
 
 
 def parse_producer_summary(output: str) -> Measures:
-    for line in reversed(output.splitlines()):
+    """The summary line's figures, and those of :data:`PRODUCER_METRICS` the output has."""
+    lines = output.splitlines()
+    for line in reversed(lines):
         found = PRODUCER_SUMMARY.search(line)
         if found:
-            return {key: float(value) for key, value in found.groupdict().items()}
-    raise WorkloadError(f"no summary line in ProducerPerformance's output:\n{_tail(output)}")
+            measures = {key: float(value) for key, value in found.groupdict().items()}
+            break
+    else:
+        raise WorkloadError(f"no summary line in ProducerPerformance's output:\n{_tail(output)}")
+    for line in lines:
+        metric = PRODUCER_METRIC.match(line.strip())
+        if metric and metric["name"] in PRODUCER_METRICS:
+            measures[PRODUCER_METRICS[metric["name"]]] = float(metric["value"])
+    return measures
 
 
 CONSUMER_FIELDS = {
