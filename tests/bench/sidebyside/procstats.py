@@ -7,6 +7,7 @@ because all of that is work the server does for its clients.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -54,7 +55,8 @@ def own_cpu_seconds(pid: int) -> float:
 
 
 def peak_rss_mib(pid: int) -> float:
-    """VmHWM, the process's peak resident set since it started, in MiB (0 if gone)."""
+    """VmHWM, the process's peak resident set since it started or since
+    :func:`reset_peak_rss`, in MiB (0 if gone)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
@@ -80,3 +82,12 @@ def broker_cpu_seconds(roots: Iterable[int]) -> float:
 def server_peak_rss_mib(roots: Iterable[int]) -> float:
     """Sum of the peak RSS of the server's processes (an upper bound of the server's peak)."""
     return sum(peak_rss_mib(pid) for pid in process_tree(roots))
+
+
+def reset_peak_rss(roots: Iterable[int]) -> None:
+    """Start the server's processes' peaks afresh from their resident sets now, so that a
+    workload's peak is its own, not an earlier stage's (Linux's ``clear_refs``, 5). Processes
+    that are gone, or whose peak may not be reset, keep theirs."""
+    for pid in process_tree(roots):
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{pid}/clear_refs").write_text("5")

@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from tests.bench.sidebyside.kafka import Java
 from tests.bench.sidebyside.procstats import (
     broker_cpu_seconds,
+    reset_peak_rss,
     server_cpu_seconds,
     server_peak_rss_mib,
 )
@@ -59,6 +60,7 @@ def measured(server: Server, run: Callable[[], Measures]) -> Measures:
     peak RSS (MiB). On two cores the client's CPU tells whether the machine, not the server,
     set the pace: client and server together near twice the wall time."""
     roots = server.pids()
+    reset_peak_rss(roots)
     cpu_before = server_cpu_seconds(roots)
     broker_cpu_before = broker_cpu_seconds(roots)
     client_cpu_before = _children_cpu_seconds()
