@@ -122,8 +122,8 @@ def balanced_owners(
     owners = []
     for partition in range(partitions):
         key = f"{topic}/{partition}"
-        ranked = sorted(candidates, key=lambda broker: _score(key, broker), reverse=True)
-        owner = next(broker for broker in ranked if owned[broker.node_id] < room)
+        with_room = (broker for broker in candidates if owned[broker.node_id] < room)
+        owner = max(with_room, key=lambda broker: _score(key, broker))
         owned[owner.node_id] += 1
         owners.append(owner)
     return owners

@@ -3,10 +3,10 @@
 When hypothesis is installed (the ``testing`` extra, any development environment), kio imports
 it and registers a hypothesis strategy for each of its protocol types as they are defined.
 That costs about half a second of the start of every process: the ``icefloe`` command, each
-broker, the compactor. Icefloe never generates kio values, so importing ``icefloe`` imports kio with
-hypothesis hidden. Only kio's import is affected: a later ``import hypothesis`` (``icefloe
-contract-test`` runs the contract suites, which use it) finds it as usual. Where hypothesis is
-imported first (pytest loads it as a plugin), kio gets it as before.
+broker, the compactor. Icefloe never generates kio values, so importing ``icefloe`` imports
+kio with hypothesis hidden. Only kio's import is affected: a later ``import hypothesis``
+(``icefloe contract-test`` runs the contract suites, which use it) finds it as usual. Where
+hypothesis is imported first (pytest loads it as a plugin), kio gets it as before.
 """
 
 from __future__ import annotations
