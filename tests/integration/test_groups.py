@@ -30,6 +30,7 @@ from tests.support.group_members import (
     Member,
     partitioned,
     produce,
+    repeats,
     wait_until,
 )
 from tests.support.topics import create_topic
@@ -83,7 +84,8 @@ def test_members_share_partitions_rebalance_and_consume_each_record_once(
         for member in members:
             member.stop()
     assert not [e for m in everyone for e in m.errors]
-    assert values(everyone) == expected(360)  # every record once, none twice
+    # Every record once, none twice.
+    assert values(everyone) == expected(360), f"consumed more than once: {repeats(everyone)}"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 KINDS: Final = ("confluent-classic", "confluent-consumer", "kafka-python", "aiokafka")
@@ -215,13 +215,32 @@ class Member:
 
 
 def produce(bootstrap: str, topic: str, values: Iterable[int], partitions: int) -> None:
-    """Produce ``str(i)`` for each i to partition ``i % partitions``; wait for every ack."""
+    """Produce ``str(i)`` for each i to partition ``i % partitions``; wait for every ack.
+
+    Idempotently: a request the client retries (after a timeout or a retriable error, which a
+    broker may answer for a write that landed) must not write a record twice, or the groups
+    would rightly consume it twice.
+    """
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    )
     for i in values:
         producer.produce(topic, value=str(i).encode(), partition=i % partitions)
     assert producer.flush(30) == 0, "records were not acknowledged"
+
+
+def repeats(members: Sequence[Member]) -> str:
+    """Which member consumed which copy of each value consumed more than once: a record read
+    twice (one partition and offset) or a record written twice (two offsets)."""
+    seen: dict[bytes, list[str]] = {}
+    for number, member in enumerate(members):
+        for partition, offset, value in member.consumed:
+            seen.setdefault(value, []).append(f"member {number} at {partition}:{offset}")
+    return "; ".join(
+        f"{value!r} by {', '.join(where)}" for value, where in seen.items() if len(where) > 1
+    )
 
 
 def partitioned(members: Iterable[Member], partitions: int) -> bool:
