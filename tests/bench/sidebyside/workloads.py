@@ -189,11 +189,25 @@ CONSUMER_FIELDS = {
 """ConsumerPerformance's columns, and the names they are kept under."""
 
 
+# Two of the consumer's own metrics (``--print-metrics``), the client's totals rather than a
+# topic's, e.g. "consumer-fetch-manager-metrics:fetch-latency-avg:{client-id=perf-consumer-client}
+#   : 20.3". The client keeps one fetch in flight per broker, so its latency and size, beside
+# the client's own CPU, tell where a read's time goes.
+CONSUMER_METRICS = {
+    "fetch-latency-avg": "fetch_latency_ms",
+    "fetch-size-avg": "fetch_bytes",
+}
+CONSUMER_METRIC = re.compile(
+    r"^consumer-fetch-manager-metrics:(?P<name>[a-z-]+):\{client-id=[^,}]*\}\s*:\s*"
+    r"(?P<value>[\d.]+)$"
+)
+
+
 def consumer_performance(java: Java, server: Server, topic: str, records: int) -> Measures:
     """Kafka's ConsumerPerformance, a fresh group reading ``records`` from the start."""
     args = ["--bootstrap-server", server.bootstrap, "--topic", topic]
     args += ["--messages", str(records), "--group", f"sidebyside-{uuid.uuid4().hex[:12]}"]
-    args += ["--timeout", "30000"]
+    args += ["--timeout", "30000", "--print-metrics"]
     command = java.command("org.apache.kafka.tools.ConsumerPerformance", args, TOOL_HEAP)
     output = run_tool(command, 120 + records / 2_000, "ConsumerPerformance")
     result = parse_consumer_summary(output)
@@ -203,7 +217,8 @@ def consumer_performance(java: Java, server: Server, topic: str, records: int) -
 
 
 def parse_consumer_summary(output: str) -> Measures:
-    """The row under ConsumerPerformance's header line (``start.time, end.time, …``)."""
+    """The row under ConsumerPerformance's header line (``start.time, end.time, …``), and the
+    figures of :data:`CONSUMER_METRICS` the output has."""
     lines = output.splitlines()
     for i, line in enumerate(lines[:-1]):
         if not line.startswith("start.time"):
@@ -212,12 +227,19 @@ def parse_consumer_summary(output: str) -> Measures:
         values = [value.strip() for value in lines[i + 1].split(",")]
         row = dict(zip(header, values, strict=False))
         try:
-            return {key: float(row[column]) for column, key in CONSUMER_FIELDS.items()}
+            measures = {key: float(row[column]) for column, key in CONSUMER_FIELDS.items()}
         except (KeyError, ValueError) as exc:
             raise WorkloadError(
                 f"could not read ConsumerPerformance's summary ({exc}):\n{line}\n{lines[i + 1]}"
             ) from exc
-    raise WorkloadError(f"no summary in ConsumerPerformance's output:\n{_tail(output)}")
+        break
+    else:
+        raise WorkloadError(f"no summary in ConsumerPerformance's output:\n{_tail(output)}")
+    for line in lines:
+        metric = CONSUMER_METRIC.match(line.strip())
+        if metric and metric["name"] in CONSUMER_METRICS:
+            measures[CONSUMER_METRICS[metric["name"]]] = float(metric["value"])
+    return measures
 
 
 def confluent_producer(server: Server, topic: str, records: int, record_bytes: int) -> Measures:
