@@ -133,9 +133,6 @@ PRODUCER_METRICS = {
     "request-latency-avg": "request_latency_ms",
     "request-total": "requests",
 }
-PRODUCER_METRIC = re.compile(
-    r"^producer-metrics:(?P<name>[a-z-]+):\{[^}]*\}\s*:\s*(?P<value>[\d.]+)$"
-)
 
 
 def producer_performance(
@@ -169,11 +166,22 @@ def parse_producer_summary(output: str) -> Measures:
             break
     else:
         raise WorkloadError(f"no summary line in ProducerPerformance's output:\n{_tail(output)}")
+    return measures | client_totals(lines, "producer-metrics", PRODUCER_METRICS)
+
+
+def client_totals(lines: list[str], group: str, names: dict[str, str]) -> Measures:
+    """The metrics ``names`` (printed name → kept name) of ``group`` that a Kafka tool's
+    ``--print-metrics`` printed for the client as a whole: a line tagged with the client id
+    only, not one per topic or per node."""
+    metric = re.compile(
+        rf"^{re.escape(group)}:(?P<name>[a-z-]+):\{{client-id=[^,}}]*\}}\s*:\s*(?P<value>[\d.]+)$"
+    )
+    found: Measures = {}
     for line in lines:
-        metric = PRODUCER_METRIC.match(line.strip())
-        if metric and metric["name"] in PRODUCER_METRICS:
-            measures[PRODUCER_METRICS[metric["name"]]] = float(metric["value"])
-    return measures
+        match = metric.match(line.strip())
+        if match and match["name"] in names:
+            found[names[match["name"]]] = float(match["value"])
+    return found
 
 
 CONSUMER_FIELDS = {
@@ -197,10 +205,6 @@ CONSUMER_METRICS = {
     "fetch-latency-avg": "fetch_latency_ms",
     "fetch-size-avg": "fetch_bytes",
 }
-CONSUMER_METRIC = re.compile(
-    r"^consumer-fetch-manager-metrics:(?P<name>[a-z-]+):\{client-id=[^,}]*\}\s*:\s*"
-    r"(?P<value>[\d.]+)$"
-)
 
 
 def consumer_performance(java: Java, server: Server, topic: str, records: int) -> Measures:
@@ -235,11 +239,7 @@ def parse_consumer_summary(output: str) -> Measures:
         break
     else:
         raise WorkloadError(f"no summary in ConsumerPerformance's output:\n{_tail(output)}")
-    for line in lines:
-        metric = CONSUMER_METRIC.match(line.strip())
-        if metric and metric["name"] in CONSUMER_METRICS:
-            measures[CONSUMER_METRICS[metric["name"]]] = float(metric["value"])
-    return measures
+    return measures | client_totals(lines, "consumer-fetch-manager-metrics", CONSUMER_METRICS)
 
 
 def confluent_producer(server: Server, topic: str, records: int, record_bytes: int) -> Measures:
