@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,3 +95,39 @@ def test_on_glibc_the_free_blocks_of_a_burst_go_back_to_the_system(
     assert trimmer.trim_if_worth_it()
     assert heap.resident_bytes() < resident_before - 150 * MIB
     del pins
+
+
+def _arrow_allocator_chosen(environment: dict[str, str]) -> tuple[str, bool]:
+    """What :func:`heap.arrow_from_jemalloc` returns in a fresh interpreter with
+    ``environment`` added, and whether that pyarrow has a jemalloc pool at all."""
+    script = (
+        "import pyarrow as pa\n"
+        "from icefloe.broker.heap import arrow_from_jemalloc\n"
+        "try:\n"
+        "    pa.jemalloc_memory_pool(); has = True\n"
+        "except NotImplementedError:\n"
+        "    has = False\n"
+        "print(arrow_from_jemalloc(), has)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env | environment,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    name, has = done.stdout.split()
+    return name, has == "True"
+
+
+def test_a_broker_takes_arrows_buffers_from_jemalloc_where_pyarrow_has_it() -> None:
+    name, has_jemalloc = _arrow_allocator_chosen({})
+    assert has_jemalloc, "the Linux wheels of pyarrow have jemalloc: this run's has not"
+    assert name == "jemalloc"
+
+
+def test_an_operators_choice_of_arrows_allocator_stands() -> None:
+    name, _ = _arrow_allocator_chosen({"ARROW_DEFAULT_MEMORY_POOL": "system"})
+    assert name == "system"

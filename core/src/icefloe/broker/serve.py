@@ -30,7 +30,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 from icefloe.broker.event_loop import event_loop_factory
-from icefloe.broker.heap import reuse_large_blocks
+from icefloe.broker.heap import arrow_from_jemalloc, reuse_large_blocks
 from icefloe.broker.long_lived import freeze_long_lived, freeze_new_imports
 from icefloe.broker.port_plan import port_clash
 from icefloe.config import Config
@@ -86,6 +86,8 @@ def run_broker(
         if core is not None:
             log.info("broker %d runs on core %d", index, core)
     heap_trimmer = reuse_large_blocks()
+    allocator = arrow_from_jemalloc()
+    log.debug("broker %d: Arrow allocates from %s", index, allocator)
 
     async def main() -> int:
         stop = asyncio.Event()
