@@ -9,9 +9,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from icefloe.broker import heap
+from icefloe.embedded import file_io
 
 MIB = 1 << 20
 
@@ -131,3 +134,13 @@ def test_a_broker_takes_arrows_buffers_from_jemalloc_where_pyarrow_has_it() -> N
 def test_an_operators_choice_of_arrows_allocator_stands() -> None:
     name, _ = _arrow_allocator_chosen({"ARROW_DEFAULT_MEMORY_POOL": "system"})
     assert name == "system"
+
+
+def test_the_local_stores_take_from_arrow_exactly_the_blocks_glibc_maps_on_their_own() -> None:
+    assert file_io.LARGE_BUFFER_BYTES == heap.MMAP_THRESHOLD_BYTES
+    small = file_io.uninitialised_buffer(heap.MMAP_THRESHOLD_BYTES - 1)
+    large = file_io.uninitialised_buffer(heap.MMAP_THRESHOLD_BYTES)
+    assert isinstance(small.obj, np.ndarray)
+    assert isinstance(large.obj, pa.Buffer)
+    assert large.format == "B"
+    assert not large.readonly
