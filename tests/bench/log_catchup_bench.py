@@ -55,7 +55,8 @@ def main() -> None:
         ):
             print(
                 f"start {start}, read {read}: {result['fetch_mb_s']:.1f} MB/s while "
-                f"fetching, broker CPU {result['broker_cpu_s']:.2f} s",
+                f"fetching, broker CPU {result['broker_cpu_s']:.2f} s, "
+                f"{result['broker_page_faults']:,.0f} page faults",
                 flush=True,
             )
 

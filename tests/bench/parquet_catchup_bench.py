@@ -104,7 +104,8 @@ def main() -> None:
         cpu.append(result["broker_cpu_s"])
         print(
             f"read {n + 1}: {result['fetch_mb_s']:.1f} MB/s while fetching, "
-            f"broker CPU {result['broker_cpu_s']:.2f} s",
+            f"broker CPU {result['broker_cpu_s']:.2f} s, "
+            f"{result['broker_page_faults']:,.0f} page faults",
             flush=True,
         )
     if rates:

@@ -30,28 +30,35 @@ def process_tree(roots: Iterable[int]) -> list[int]:
     return sorted(seen)
 
 
-def cpu_seconds(pid: int) -> float:
-    """user + system time of a process and of its children it has waited for (0 if gone)."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``None`` if gone): index
+    ``n - 3`` holds field ``n`` of proc(5)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return 0.0
+        return None
     # The command name (field 2) may hold spaces and parentheses; fields after it are plain.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
-    return (utime + stime + cutime + cstime) / CLOCK_TICKS
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system time of a process and of its children it has waited for (0 if gone)."""
+    fields = _stat(pid)
+    return 0.0 if fields is None else sum(map(int, fields[11:15])) / CLOCK_TICKS
 
 
 def own_cpu_seconds(pid: int) -> float:
     """user + system time of the process itself (all its threads), without any child (0 if
     gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    utime, stime = (int(x) for x in fields[11:13])
-    return (utime + stime) / CLOCK_TICKS
+    fields = _stat(pid)
+    return 0.0 if fields is None else sum(map(int, fields[11:13])) / CLOCK_TICKS
+
+
+def own_page_faults(pid: int) -> int:
+    """Minor page faults of the process itself so far (0 if gone): each a page the kernel
+    mapped in, most of them fresh memory it zeroed first."""
+    fields = _stat(pid)
+    return 0 if fields is None else int(fields[7])
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -77,6 +84,11 @@ def broker_cpu_seconds(roots: Iterable[int]) -> float:
     Icefloe's compactor processes and compaction workers (for Kafka, the same as
     :func:`server_cpu_seconds`)."""
     return sum(own_cpu_seconds(pid) for pid in roots)
+
+
+def broker_page_faults(roots: Iterable[int]) -> int:
+    """Minor page faults of the root processes alone so far (subtract two readings)."""
+    return sum(own_page_faults(pid) for pid in roots)
 
 
 def server_peak_rss_mib(roots: Iterable[int]) -> float:

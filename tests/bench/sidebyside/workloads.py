@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from tests.bench.sidebyside.kafka import Java
 from tests.bench.sidebyside.procstats import (
     broker_cpu_seconds,
+    broker_page_faults,
     reset_peak_rss,
     server_cpu_seconds,
     server_peak_rss_mib,
@@ -56,19 +57,22 @@ class WorkloadError(RuntimeError):
 
 
 def measured(server: Server, run: Callable[[], Measures]) -> Measures:
-    """``run()``'s measures plus the wall time, server and client CPU seconds and the server's
-    peak RSS (MiB). On two cores the client's CPU tells whether the machine, not the server,
-    set the pace: client and server together near twice the wall time."""
+    """``run()``'s measures plus the wall time, server and client CPU seconds, the broker's page
+    faults and the server's peak RSS (MiB). On two cores the client's CPU tells whether the
+    machine, not the server, set the pace: client and server together near twice the wall
+    time."""
     roots = server.pids()
     reset_peak_rss(roots)
     cpu_before = server_cpu_seconds(roots)
     broker_cpu_before = broker_cpu_seconds(roots)
+    broker_faults_before = broker_page_faults(roots)
     client_cpu_before = _children_cpu_seconds()
     started = time.monotonic()
     result = run()
     result["wall_s"] = time.monotonic() - started
     result["server_cpu_s"] = server_cpu_seconds(roots) - cpu_before
     result["broker_cpu_s"] = broker_cpu_seconds(roots) - broker_cpu_before
+    result["broker_page_faults"] = broker_page_faults(roots) - broker_faults_before
     # The clients run as child processes that end within run(); the servers are children too,
     # but still running, so none of theirs is counted.
     result["client_cpu_s"] = _children_cpu_seconds() - client_cpu_before
