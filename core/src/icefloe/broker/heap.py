@@ -5,8 +5,9 @@ records kio copies out of them, WAL objects, the chunks of fetch responses. Take
 heap and reused as they are freed, they cost no more than the copy into them; mapped on their
 own, each one costs the kernel a fresh mapping and a page fault per 4 KiB, which was most of
 the kernel time a broker spent under a fast producer. So blocks below
-``MMAP_THRESHOLD_BYTES`` come from the heap, larger ones (whole fetch responses, big reads) are
-mapped on their own and unmapped when freed.
+``MMAP_THRESHOLD_BYTES`` come from the heap, larger ones (whole fetch responses) are mapped on
+their own and unmapped when freed. The local stores' reads that large, and Arrow's buffers, come
+from Arrow's jemalloc pool instead (:func:`arrow_from_jemalloc`), which reuses freed pages.
 
 The heap keeps what it frees for reuse, so after a burst a broker's resident size would stay at
 its peak. Every ``CHECK_EVERY_S`` a broker compares its resident size with what the allocator
