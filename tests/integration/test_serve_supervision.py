@@ -1,6 +1,8 @@
 """`icefloe serve` fails fast and loudly: a broker that cannot start ends the run at once with
-one line naming the cause and the fix; a broker that dies is restarted with a back-off, and
-one that keeps dying makes `serve` give up with a non-zero status."""
+one line naming the cause and the fix. Once running, one broker's trouble stays its own: a
+broker killed from outside is restarted at once however often, one that keeps crashing is
+restarted with a back-off while the others serve, and only when every broker keeps crashing
+does `serve` give up with a non-zero status."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from pathlib import Path
 
 from confluent_kafka import Message, Producer
 
-from tests.support.broker import broker_pids, start_icefloe
+from icefloe.broker.serve import MAX_CRASHES_IN_A_ROW
+from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
 from tests.support.http import get
-from tests.support.servers import free_port
+from tests.support.servers import free_port, port_open
 from tests.support.topics import create_topic
 
 START_LIMIT_S = 45
@@ -209,36 +212,70 @@ def test_a_wrong_table_option_ends_serve_with_the_option(tmp_path: Path) -> None
     assert "Traceback" not in err
 
 
-def test_a_killed_broker_is_restarted(tmp_path: Path) -> None:
-    running = start_icefloe(tmp_path / "data")
+def test_a_killed_broker_is_restarted_at_once_however_often(tmp_path: Path) -> None:
+    running = start_icefloe(tmp_path / "data", brokers=2)
     try:
-        (first,) = broker_pids(running)
-        os.kill(first, signal.SIGKILL)
-        deadline = time.monotonic() + START_LIMIT_S
-        while not (pids := broker_pids(running)) or pids == [first]:
-            assert time.monotonic() < deadline, "the broker was not restarted"
-            time.sleep(0.2)
+        _, other = broker_pids(running)
+        killed: list[int] = []
+        for _ in range(MAX_CRASHES_IN_A_ROW + 1):  # more kills than crashes serve tolerates
+            os.kill(_serving_broker(running, other, killed), signal.SIGKILL)
+        _serving_broker(running, other, killed)
         assert running.process.poll() is None
+        assert other in broker_pids(running)  # the other broker served throughout
     finally:
         running.stop()
-    assert "restarting in 1 s" in running.log_path.read_text()
+    log = running.log_path.read_text()
+    assert log.count("was killed; restarting in 1 s") == MAX_CRASHES_IN_A_ROW + 1
+    assert "in a row" not in log
 
 
-def test_a_broker_that_keeps_crashing_makes_serve_give_up(tmp_path: Path) -> None:
+def test_a_broker_that_keeps_crashing_backs_off_while_the_others_serve(tmp_path: Path) -> None:
+    running = start_icefloe(tmp_path / "data", brokers=2)
+    try:
+        _, other = broker_pids(running)
+        crashed: list[int] = []
+        for _ in range(MAX_CRASHES_IN_A_ROW):
+            os.kill(_serving_broker(running, other, crashed, within=60), signal.SIGABRT)  # a crash
+        time.sleep(1)  # serve has seen the last crash (it polls five times a second)
+        assert running.process.poll() is None
+        assert other in broker_pids(running)
+    finally:
+        running.stop()
+    log = running.log_path.read_text()
+    for crashes, delay in ((1, 1), (2, 2), (3, 4), (4, 8), (5, 16)):
+        assert f"; crash {crashes} in a row); restarting in {delay} s" in log
+
+
+def test_serve_gives_up_when_every_broker_keeps_crashing(tmp_path: Path) -> None:
     running = start_icefloe(tmp_path / "data")
     deadline = time.monotonic() + 120  # the back-off between crashes grows: 1 + 2 + 4 + 8 s
-    killed: set[int] = set()
+    crashed: set[int] = set()
     while running.process.poll() is None:
         assert time.monotonic() < deadline, "serve kept restarting a crashing broker"
-        for pid in set(broker_pids(running)) - killed:
-            os.kill(pid, signal.SIGKILL)
-            killed.add(pid)
+        for pid in set(broker_pids(running)) - crashed:
+            os.kill(pid, signal.SIGABRT)
+            crashed.add(pid)
         time.sleep(0.1)
 
     assert running.process.returncode == 1
     log = running.log_path.read_text()
-    assert "crashed 5 times in a row" in log
-    assert len(killed) == 5
+    assert f"every broker crashed {MAX_CRASHES_IN_A_ROW} times in a row" in log
+    assert len(crashed) == MAX_CRASHES_IN_A_ROW
+
+
+def _serving_broker(
+    running: RunningIcefloe, other: int, gone: list[int], within: float = START_LIMIT_S
+) -> int:
+    """The pid of the broker besides ``other`` once it serves again (listens on its port), not
+    one of those ``gone``; it is added to them."""
+    deadline = time.monotonic() + within
+    while True:
+        pids = [p for p in broker_pids(running) if p != other and p not in gone]
+        if pids and all(port_open(running.port + i) for i in range(running.brokers)):
+            gone.append(pids[0])
+            return pids[0]
+        assert time.monotonic() < deadline, "the broker was not restarted"
+        time.sleep(0.1)
 
 
 def test_port_zero_gives_every_broker_a_free_port_of_its_own(tmp_path: Path) -> None:

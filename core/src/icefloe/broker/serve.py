@@ -7,9 +7,13 @@ cleanly: each stops accepting, commits what it buffered and deregisters.
 Starting fails fast: a broker that cannot start (port taken, data folder not writable, metadata
 store unreachable) reports why, and ``serve`` stops the others and exits non-zero with one line
 naming the cause and the fix, so that a supervisor (systemd, Kubernetes) sees the failure.
-Once running, a broker that dies is started again after a back-off that doubles with each
-crash in a row; a broker that keeps crashing is a fault no restart will mend, so after
-``MAX_CRASHES_IN_A_ROW`` ``serve`` gives up and exits non-zero.
+
+Once running, one broker's trouble stays its own: a broker that dies is started again while the
+others serve on. One killed from outside (SIGKILL: an operator, a chaos test) is started again
+after :data:`FIRST_RESTART_DELAY_S`, as often as it happens; one that crashed by itself after a
+back-off that doubles with each crash in a row. Only when every broker has crashed
+:data:`MAX_CRASHES_IN_A_ROW` times in a row, so that nothing serves, does ``serve`` give up and
+exit non-zero: a fault that survives that many restarts everywhere is not one a restart mends.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ MAX_RESTART_DELAY_S: Final = 30.0
 STABLE_AFTER_S: Final = 60.0
 """A broker up this long has recovered: its next crash starts the back-off afresh."""
 MAX_CRASHES_IN_A_ROW: Final = 5
+_KILLED: Final = -signal.SIGKILL
+"""The exit status of a process SIGKILLed: not a crash of its own."""
 _POLL_S: Final = 0.2
 
 
@@ -224,14 +230,18 @@ def serve(config: Config, brokers: int) -> int:
     further = [f"{n}://{h}:{p}" for *_, listeners, _ in started for n, h, p in listeners[1:]]
     if further:
         print(f"Further listeners: {', '.join(further)}", flush=True)
-    try:
-        while not stopping.wait(_POLL_S):
-            for i, child in enumerate(children):
-                children[i] = _supervise(config, child)
-    except StartFailed as failure:
-        print(f"icefloe: {failure}", file=sys.stderr, flush=True)
-        _stop_all(children)
-        return 1
+    while not stopping.wait(_POLL_S):
+        for i, child in enumerate(children):
+            children[i] = _supervise(config, child)
+        if all(c.crashes >= MAX_CRASHES_IN_A_ROW for c in children):
+            print(
+                f"icefloe: every broker crashed {MAX_CRASHES_IN_A_ROW} times in a row; "
+                "giving up, see the log above",
+                file=sys.stderr,
+                flush=True,
+            )
+            _stop_all(children)
+            return 1
     _stop_all(children)
     return 0
 
@@ -282,11 +292,7 @@ def _take_report(child: _Child) -> None:
 
 
 def _supervise(config: Config, child: _Child) -> _Child:
-    """Restart a dead broker after its back-off; give up on one that keeps crashing.
-
-    Raises:
-        StartFailed: the broker crashed ``MAX_CRASHES_IN_A_ROW`` times in a row.
-    """
+    """Restart a dead broker after its back-off (see the module docstring)."""
     now = time.monotonic()
     if child.restart_at is not None:
         if now < child.restart_at:
@@ -301,19 +307,21 @@ def _supervise(config: Config, child: _Child) -> _Child:
         return child
     child.process.join()
     child.reports.close()
-    child.crashes += 1
-    if child.crashes >= MAX_CRASHES_IN_A_ROW:
-        raise StartFailed(
-            f"the broker on port {child.port} crashed {child.crashes} times in a row "
-            f"(last status {child.process.exitcode}); giving up, see the log above"
+    status = child.process.exitcode
+    if status == _KILLED:
+        delay = FIRST_RESTART_DELAY_S
+        log.warning("broker on port %d was killed; restarting in %.0f s", child.port, delay)
+    else:
+        child.crashes += 1
+        delay = min(MAX_RESTART_DELAY_S, FIRST_RESTART_DELAY_S * 2 ** (child.crashes - 1))
+        report = log.error if child.crashes >= MAX_CRASHES_IN_A_ROW else log.warning
+        report(
+            "broker on port %d exited (status %s; crash %d in a row); restarting in %.0f s",
+            child.port,
+            status,
+            child.crashes,
+            delay,
         )
-    delay = min(MAX_RESTART_DELAY_S, FIRST_RESTART_DELAY_S * 2 ** (child.crashes - 1))
-    log.warning(
-        "broker on port %d exited (status %s); restarting in %.0f s",
-        child.port,
-        child.process.exitcode,
-        delay,
-    )
     child.restart_at = now + delay
     return child
 
