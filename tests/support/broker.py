@@ -112,8 +112,10 @@ def start_icefloe(
     timeout: float = 60,
     own_session: bool = False,
     yielding: bool = False,
+    port: int | None = None,
 ) -> RunningIcefloe:
-    """Start `icefloe serve` on free ports and wait until it prints its bootstrap address
+    """Start `icefloe serve` on free ports (or from ``port`` on: a cluster restarted where its
+    clients expect it) and wait until it prints its bootstrap address
     (``own_session``: in a session of its own, as a service runs, rather than the caller's).
 
     Its compactor yields to a busy host only with ``yielding`` (benchmarks): two test workers
@@ -126,11 +128,11 @@ def start_icefloe(
     attempt = 1
     while True:
         try:
-            return _start_once(data_dir, brokers, env, timeout, own_session, yielding)
+            return _start_once(data_dir, brokers, env, timeout, own_session, yielding, port)
         except RuntimeError as exc:
             # serve words it "port N on HOST is already in use"; a raw bind error, "address
             # already in use".
-            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS or port:
                 raise
         attempt += 1
 
@@ -142,8 +144,9 @@ def _start_once(
     timeout: float,
     own_session: bool,
     yielding: bool,
+    port: int | None,
 ) -> RunningIcefloe:
-    port = _free_port_run(brokers)
+    port = port or _free_port_run(brokers)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
     # Tests want quick acknowledgements more than few WAL objects.
     environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
