@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
+from kio.schema.errors import ErrorCode
+
 from icefloe import metrics
+from icefloe.errors import UnavailableError
 from icefloe.ports.metadata import Record
 from icefloe.storage import keys
 from icefloe.storage.engine import StreamStorage
@@ -21,10 +24,12 @@ from icefloe.storage.producers import (
     Duplicate,
     ProducerError,
     ProducerRecord,
+    SequenceGap,
     SequenceRange,
 )
 from icefloe.storage.records import Record as KafkaRecord
 from icefloe.storage.records import build_batch
+from icefloe.storage.writer import FollowsFailedBatch, NotWritten
 from tests.support.storage import storage_config
 from tests.support.storage_processes import append_idempotent_then_die, idempotent_batch
 
@@ -89,17 +94,26 @@ async def test_an_active_producer_does_not_write_its_state_per_batch(
     assert taken.owner
 
 
-async def test_the_lease_holder_answers_a_duplicate_and_refuses_a_gap(
+async def test_the_lease_holder_answers_a_duplicate_and_refuses_a_gap_as_retriable(
     storage: StreamStorage,
 ) -> None:
     stream = await storage.create_stream("s")
     pid = await storage.allocate_producer_id()
-    for n in range(3):
+    for n in range(6):
         await storage.append_batches(stream, idempotent_batch(pid, 0, 3 * n))
     assert await storage.append_batches(stream, idempotent_batch(pid, 0, 3)) == 3
-    with pytest.raises(ProducerError, match="out of order"):
+    # Ahead of the next sequence: the batches between may still come (NOT_ENOUGH_REPLICAS,
+    # which clients retry as it is, rather than OUT_OF_ORDER_SEQUENCE_NUMBER, which makes
+    # librdkafka renumber its batches under a new epoch).
+    with pytest.raises(SequenceGap) as gap:
         await storage.append_batches(stream, idempotent_batch(pid, 0, 30))
-    assert len(await values(storage, stream)) == 9
+    assert gap.value.retriable
+    assert gap.value.error_code == ErrorCode.not_enough_replicas
+    # Behind the last five batches: nothing that may still come, so out of order.
+    with pytest.raises(ProducerError, match="out of order") as rewound:
+        await storage.append_batches(stream, idempotent_batch(pid, 0, 0))
+    assert rewound.value.error_code == ErrorCode.out_of_order_sequence_number
+    assert len(await values(storage, stream)) == 18
 
 
 async def test_an_idle_producer_is_released_and_follows_its_client_to_another_engine(
@@ -239,3 +253,135 @@ async def test_a_producer_id_handed_out_here_that_wrote_through_another_engine_i
     assert await storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 1
 
     assert await values(storage, stream) == [b"r"] + [f"seq{i}".encode() for i in range(6)]
+
+
+async def test_a_batch_accepted_after_one_whose_write_failed_is_not_written(
+    tmp_path: Path,
+) -> None:
+    """Written alone, the second batch would leave a gap where the first should be; refused, it
+    is sent again after the first, which the lease takes at once: the first surely is not
+    written (its WAL write failed)."""
+    async with await StreamStorage.open(storage_config(tmp_path)) as storage:
+        stream = await storage.create_stream("s")
+        pid = await storage.allocate_producer_id()
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 0
+        release = fail_the_next_wal_write(storage)
+        failing = await storage.submit_batches(stream, idempotent_batch(pid, 0, 3))
+        await asyncio.sleep(0.05)  # its flush is writing
+        following = await storage.submit_batches(stream, idempotent_batch(pid, 0, 6))
+        await asyncio.sleep(0.05)  # sealed in a flush of its own, whose write succeeds
+        release.set()
+
+        with pytest.raises(NotWritten):
+            await failing
+        with pytest.raises(FollowsFailedBatch):
+            await following
+        assert await values(storage, stream) == [f"seq{i}".encode() for i in range(3)]
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 3)) == 3
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 6)) == 6
+        assert await values(storage, stream) == [f"seq{i}".encode() for i in range(9)]
+
+
+async def test_after_a_commit_that_may_have_landed_the_batches_behind_it_wait_for_the_lease(
+    tmp_path: Path,
+) -> None:
+    """The index commit of the second batch fails without an answer (it did not land, but the
+    writer cannot know): the third, in a later flush, is not written, and the retries wait
+    until the lease has lapsed, when the index tells what landed."""
+    settings = {"producer_lease_s": 0.5}
+    async with await StreamStorage.open(storage_config(tmp_path, **settings)) as storage:
+        stream = await storage.create_stream("s")
+        pid = await storage.allocate_producer_id()
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 0
+        release = fail_the_next_index_commit(storage)
+        lost = await storage.submit_batches(stream, idempotent_batch(pid, 0, 3))
+        await asyncio.sleep(0.05)
+        following = await storage.submit_batches(stream, idempotent_batch(pid, 0, 6))
+        await asyncio.sleep(0.05)
+        release.set()
+
+        with pytest.raises(UnavailableError) as uncertain:
+            await lost
+        assert not isinstance(uncertain.value, NotWritten)
+        with pytest.raises(FollowsFailedBatch):
+            await following
+        assert await append_as_a_client_would(storage, stream, idempotent_batch(pid, 0, 3)) == 3
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 6)) == 6
+        assert await values(storage, stream) == [f"seq{i}".encode() for i in range(9)]
+
+
+async def test_a_lease_that_lapses_while_the_index_is_read_leaves_no_batch_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The dead owner's record names a batch in flight (3-5) that never landed. Its lease is
+    held when the taker starts reading the index and has lapsed when it finishes: the batch
+    is void, so 6-8 follows a gap, and the retry of 3-5 is written before it."""
+    lease_s = 0.5
+    async with await StreamStorage.open(storage_config(tmp_path, producer_lease_s=lease_s)) as (
+        storage
+    ):
+        stream = await storage.create_stream("s")
+        pid = await storage.allocate_producer_id()
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 0)) == 0
+        state = await released(storage, stream, pid)
+        held_until = time.time() + 0.2  # the lease lapses 0.2 s from now
+        dead_owner = ProducerRecord(
+            epoch=0,
+            batches=[*state.batches, SequenceRange(3, 5, 3)],
+            deadline_ms=int((held_until - lease_s) * 1000),
+            after_end=state.after_end,
+            owner="a process that died",
+        )
+        await storage.metadata.put(
+            keys.producer_state(stream, pid), dead_owner.encode(), expected_version=state.version
+        )
+        storage.producers._released.clear()  # what this engine released is out of date
+        slow_index_reads(storage, seconds=0.4)
+
+        with pytest.raises(SequenceGap):
+            await append_as_a_client_would(storage, stream, idempotent_batch(pid, 0, 6))
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 3)) == 3
+        assert await storage.append_batches(stream, idempotent_batch(pid, 0, 6)) == 6
+        assert await values(storage, stream) == [f"seq{i}".encode() for i in range(9)]
+
+
+def fail_the_next_wal_write(storage: StreamStorage) -> asyncio.Event:
+    """Make the next WAL write wait for the event returned, then fail."""
+    wal, release = storage.wal, asyncio.Event()
+    real_append, real_parts = wal.append, wal.append_parts
+
+    async def fail_once(*args: Any) -> str:
+        wal.append, wal.append_parts = real_append, real_parts  # type: ignore[method-assign]
+        await release.wait()
+        raise UnavailableError("the WAL's disk went away")
+
+    wal.append = wal.append_parts = fail_once  # type: ignore[method-assign]
+    return release
+
+
+def fail_the_next_index_commit(storage: StreamStorage) -> asyncio.Event:
+    """Make the next index commit wait for the event returned, then fail as a store that
+    stopped answering does: nothing lands, and the writer cannot tell."""
+    index, release = storage.offset_index, asyncio.Event()
+    real_append = index.append
+
+    async def fail_once(*args: Any) -> Any:
+        index.append = real_append  # type: ignore[method-assign]
+        await release.wait()
+        raise UnavailableError("the metadata store did not answer")
+
+    index.append = fail_once  # type: ignore[method-assign]
+    return release
+
+
+def slow_index_reads(storage: StreamStorage, seconds: float) -> None:
+    """Make every read of a stream's index entries by the producer states take ``seconds``."""
+    reader = storage.producers._index
+    real_entries = reader.entries
+
+    async def slow_entries(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(seconds)
+        async for entry in real_entries(*args, **kwargs):
+            yield entry
+
+    reader.entries = slow_entries  # type: ignore[method-assign]

@@ -28,6 +28,15 @@ record and the index entries after ``after_end``.
 The writer never appends an index entry after the deadline of the lease that accepted its
 batch, and the deadline only moves once the store holds the new one; the margin covers an
 append sent just before it. So once a lease has lapsed, nothing of its owner's can appear later.
+
+A batch whose write failed takes every batch of its producer accepted after it down with it:
+written without it, they would leave a gap in the producer's sequence. A batch that follows a
+gap — its predecessor failed, or is still on its way through this process or another — is
+refused with a retriable error (:class:`SequenceGap`), never OUT_OF_ORDER_SEQUENCE_NUMBER:
+clients retry the first without a new epoch and their batches come back in order, where
+OUT_OF_ORDER_SEQUENCE_NUMBER makes librdkafka bump the producer epoch and renumber every batch
+it has not had acknowledged, on every partition. One of those may already be written, under
+the old epoch; under the new one it would be written again.
 """
 
 from __future__ import annotations
@@ -86,6 +95,17 @@ class ActiveProducer:
 
 class ProducerError(KafkaError):
     """A batch the idempotent-producer rules reject (out of order, fenced epoch, …)."""
+
+
+class SequenceGap(ProducerError):
+    """A batch that does not follow the last one of its producer, with nothing lost: an earlier
+    batch failed or is still being written, and the client will send it again first
+    (NOT_ENOUGH_REPLICAS, which every client retries as it is, "not written")."""
+
+    retriable = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.not_enough_replicas, message)
 
 
 class ClaimPending(KafkaError):
@@ -150,8 +170,8 @@ class ProducerRecord:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A batch accepted for writing: the writer must append it before :meth:`ProducerStates.
-    deadline_of` says it is too late."""
+    """A batch accepted for writing: the writer appends it only while
+    :meth:`ProducerStates.may_append` says so."""
 
     stream_id: int
     producer_id: int
@@ -159,6 +179,8 @@ class Claim:
     sequences: SequenceRange
     deadline: float
     """The lease deadline when the batch was accepted (wall-clock seconds)."""
+    lease: _Lease = field(compare=False, repr=False)
+    """The lease that accepted it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +198,10 @@ class _Lease:
     producer_id: int
     state: ProducerRecord
     in_flight: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    """(epoch, first, last) of accepted batches not yet committed → the log end seen before."""
+    """(epoch, first, last) of accepted batches not yet committed → the log end seen before, in
+    the order they were accepted."""
+    void: set[tuple[int, int, int]] = field(default_factory=set)
+    """Batches in flight that may no longer be written: they follow one whose write failed."""
     last_used: float = field(default_factory=time.monotonic)
 
     @property
@@ -252,7 +277,7 @@ class ProducerStates:
                 stored = ProducerRecord.decode(record.value, record.version)
                 if stored.deadline_ms < cutoff and not self._held(stored):
                     continue
-                state = await self._load(stream_id, producer_id)
+                state, _ = await self._load(stream_id, producer_id)
                 if state is None:
                     continue
             last = state.batches[-1].last if state.batches else -1
@@ -292,19 +317,20 @@ class ProducerStates:
                 return self._accept(lease, epoch, first, last)
             return await self._claim_through_store(stream_id, producer_id, epoch, first, last)
 
-    def deadline_of(self, claim: Claim) -> float:
-        """Until when the writer may append ``claim``'s batch: its lease's deadline, which
-        renewals move on, or the one it was accepted under once the lease is gone."""
-        lease = self._leases.get((claim.stream_id, claim.producer_id))
-        if lease is not None and _accepted(claim) in lease.in_flight:
-            return max(lease.deadline, claim.deadline)
-        return claim.deadline
+    def may_append(self, claim: Claim, now: float) -> bool:
+        """Whether the writer may still append ``claim``'s batch at wall-clock time ``now``:
+        before its lease's deadline (which renewals move on while the batch is in flight), and
+        not after a batch of its producer whose write failed."""
+        lease, accepted = claim.lease, _accepted(claim)
+        if accepted in lease.void:
+            return False
+        deadline = lease.deadline if accepted in lease.in_flight else claim.deadline
+        return now <= max(deadline, claim.deadline)
 
     def committed(self, claim: Claim, first_offset: int) -> None:
         """The writer appended ``claim``'s batch at ``first_offset``."""
-        lease = self._leases.get((claim.stream_id, claim.producer_id))
-        accepted = _accepted(claim)
-        if lease is None or lease.in_flight.pop(accepted, None) is None:
+        lease, accepted = claim.lease, _accepted(claim)
+        if lease.in_flight.pop(accepted, None) is None:
             return
         lease.state.batches = [
             SequenceRange(b.first, b.last, b.record_count, first_offset)
@@ -313,16 +339,35 @@ class ProducerStates:
             for b in lease.state.batches
         ]
 
-    def failed(self, claim: Claim) -> None:
-        """The writer could not append ``claim``'s batch, and may not know whether it landed.
+    def failed(self, claim: Claim, *, maybe_written: bool) -> None:
+        """The writer could not append ``claim``'s batch.
 
-        The lease is dropped from memory: its next claim goes through the store and, like any
-        other process, waits until the lease has lapsed, when the index tells what landed.
+        Every batch of the producer accepted after it is void: the writer must not append it
+        (it would follow a gap), and fails it too. A batch surely not written (the WAL write
+        failed, or it was never committed) leaves the lease with its last written batch, so the
+        client's retry is accepted at once. One that ``maybe_written`` (the index commit failed
+        half-way) drops the lease from memory: its next claim goes through the store and, like
+        any other process, waits until the lease has lapsed, when the index tells what landed.
         """
+        lease, accepted = claim.lease, _accepted(claim)
+        if accepted not in lease.in_flight:
+            return
+        accepted_order = list(lease.in_flight)
+        later = accepted_order[accepted_order.index(accepted) + 1 :]
+        lease.void.update(later)
         key = (claim.stream_id, claim.producer_id)
-        lease = self._leases.get(key)
-        if lease is not None and _accepted(claim) in lease.in_flight:
-            del self._leases[key]
+        if maybe_written:
+            if self._leases.get(key) is lease:
+                del self._leases[key]
+            return
+        del lease.in_flight[accepted]
+        lease.void.discard(accepted)
+        gone = {accepted, *later}
+        lease.state.batches = [
+            b
+            for b in lease.state.batches
+            if b.first_offset is not None or (lease.state.epoch, b.first, b.last) not in gone
+        ]
 
     def _accept(self, lease: _Lease, epoch: int, first: int, last: int) -> Claim | Duplicate:
         """Check and accept a batch against a lease held in memory: no store round trip."""
@@ -348,6 +393,7 @@ class ProducerStates:
             epoch,
             SequenceRange(first, last, last - first + 1),
             lease.deadline,
+            lease,
         )
 
     async def _claim_through_store(
@@ -365,11 +411,17 @@ class ProducerStates:
         while True:
             # Read before resolving: an entry appended meanwhile still ends after it.
             log_end = await self._index.log_end(stream_id)
-            state = await self._load(stream_id, producer_id)
-            outcome = _check(state, epoch, first, last)
+            state, held = await self._load(stream_id, producer_id)
+            try:
+                outcome = _check(state, epoch, first, last)
+            except ProducerError:
+                if not held:
+                    raise
+                # The owner's state in memory may be ahead of the record: its answer decides.
+                outcome = _PENDING_DUPLICATE
             if isinstance(outcome, Duplicate):
                 return outcome
-            if state is not None and (outcome is _PENDING_DUPLICATE or self._held(state)):
+            if held or outcome is _PENDING_DUPLICATE:
                 if time.monotonic() >= give_up:
                     raise ClaimPending(
                         f"producer {producer_id} is being served by another broker process "
@@ -427,9 +479,12 @@ class ProducerStates:
     ) -> Claim | Duplicate | None:
         """Write the lease over the record ``known`` (``None``: there is none), only if the
         store still holds that version, and accept the batch; ``None`` if the record changed."""
+        # A lease is only taken once its predecessor's has lapsed or was released: none of
+        # its batches is still in flight.
+        kept = [] if known is None or known.epoch != epoch else known.batches
         taken = ProducerRecord(
             epoch=epoch,
-            batches=known.batches if known is not None and known.epoch == epoch else [],
+            batches=[b for b in kept if b.first_offset is not None],
             deadline_ms=int((time.time() + self._lease_s) * 1000),
             after_end=after_end,
             owner=self._id,
@@ -456,13 +511,20 @@ class ProducerStates:
             return False
         return time.time() * 1000 <= state.deadline_ms + self._lease_s * 1000
 
-    async def _load(self, stream_id: int, producer_id: int) -> ProducerRecord | None:
-        """The stored state, brought up to date with the index entries after ``after_end``."""
+    async def _load(self, stream_id: int, producer_id: int) -> tuple[ProducerRecord | None, bool]:
+        """The stored state, brought up to date with the index entries after ``after_end``, and
+        whether its lease was held when it was read.
+
+        Held or not is decided once, before the index is read, and the caller acts on that
+        decision: a lease that lapsed while the index was read would otherwise leave a batch
+        of its owner's that never landed among those "still in flight", and the state stored
+        after it would wait for that batch forever.
+        """
         record = await self._metadata.get(keys.producer_state(stream_id, producer_id))
         if record is None:
-            return None
+            return None, False
         state = ProducerRecord.decode(record.value, record.version)
-        lapsed = not self._held(state)
+        held = self._held(state)
         found: list[SequenceRange] = []
         async for entry in self._index.entries(stream_id, after_end=state.after_end):
             for p in entry.producers:
@@ -478,12 +540,15 @@ class ProducerStates:
         written.update({(b.first, b.last): b for b in found})
         resolved = sorted(written.values(), key=lambda b: b.first_offset or 0)
         # A batch accepted but not found is still in flight while the lease holds, and void once
-        # it has lapsed: nothing of the owner's can be appended after that.
+        # it has lapsed: nothing of the owner's can be appended after that. One older than a
+        # batch written after it is void too: an owner writes a producer's batches in order.
         unresolved = [b for b in state.pending if (b.first, b.last) not in written]
-        if lapsed:
+        if not held:
             unresolved = []
+        elif resolved:
+            unresolved = [b for b in unresolved if _follows(b.first, resolved[-1].last)]
         state.batches = resolved[-KEPT_BATCHES:] + unresolved
-        return state
+        return state, held
 
     # --- upkeep -----------------------------------------------------------------------------
 
@@ -553,6 +618,11 @@ def _accepted(claim: Claim) -> tuple[int, int, int]:
 _PENDING_DUPLICATE: Final = object()
 
 
+def _follows(first: int, last: int) -> bool:
+    """Whether sequence ``first`` comes after ``last`` (sequences wrap around at 2**31)."""
+    return 0 < (first - last) % SEQUENCE_MODULUS < SEQUENCE_MODULUS // 2
+
+
 def _check(
     state: ProducerRecord | None, epoch: int, first: int, last: int
 ) -> Duplicate | object | None:
@@ -567,9 +637,9 @@ def _check(
         )
     if epoch > state.epoch:
         if first != 0:
-            raise ProducerError(
-                ErrorCode.out_of_order_sequence_number,
-                f"a new producer epoch must start at sequence 0, got {first}",
+            raise SequenceGap(
+                f"producer epoch {epoch} starts at sequence 0, but its batch at sequence "
+                f"{first} came first; retry"
             )
         return None
     for batch in state.batches:
@@ -581,6 +651,11 @@ def _check(
             )
     if state.batches:
         expected = (state.batches[-1].last + 1) % SEQUENCE_MODULUS
+        if _follows(first, expected):
+            raise SequenceGap(
+                f"the batch at sequence {first} follows sequence {expected - 1}: the batches "
+                "between are not written yet; retry"
+            )
         if first != expected:
             raise ProducerError(
                 ErrorCode.out_of_order_sequence_number,

@@ -53,8 +53,22 @@ GROUPED_FLUSHES = 8
 """A WAL object sealed while flushes are busy holds at most this many flush sizes."""
 
 
-class CommitDeadlineExceeded(UnavailableError):
+class NotWritten(UnavailableError):
+    """The append failed and is surely not in the stream: its WAL object was not written, or
+    the writer decided not to commit it. A retry cannot duplicate it."""
+
+
+class CommitDeadlineExceeded(NotWritten):
     """The WAL object or producer claim got too old to be committed; the append failed."""
+
+
+class WriterClosed(NotWritten):
+    """The process is stopping: the append was refused, another broker takes it."""
+
+
+class FollowsFailedBatch(NotWritten):
+    """An idempotent producer's batch accepted after one of its batches whose write failed:
+    written alone, it would leave a gap in the producer's sequence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +167,7 @@ class WalWriter:
             UnavailableError: the WAL or the metadata store failed (retriable).
         """
         if self._closed:
-            raise IcefloeError("the stream writer is closed")
+            raise WriterClosed("this broker is stopping; retry on another")
         idempotent = [b for b in batches if b.producer_id >= 0 and b.base_sequence >= 0]
         if idempotent and len(batches) != 1:
             raise ValueError("an idempotent producer's append must hold exactly one batch")
@@ -291,7 +305,7 @@ class WalWriter:
         except Exception as exc:  # noqa: BLE001 - every failure must reach the appends
             sealed = None
             metrics.WAL_FLUSH_FAILURES.inc()
-            self._fail(flush.appends, exc)
+            self._fail(flush.appends, NotWritten(f"the WAL write failed: {exc}"), cause=exc)
         # Commits go in flush order even when WAL writes finish out of order.
         if previous is not None:
             await asyncio.shield(previous)
@@ -330,11 +344,9 @@ class WalWriter:
         due = []
         for placement in sealed.placements:
             stream_id = placement.entry.stream_id
-            if self._too_late(sealed, sealed.by_stream[stream_id], now):
-                results[stream_id] = CommitDeadlineExceeded(
-                    f"WAL object {sealed.ref} was not committed within "
-                    f"{self._options.commit_deadline_s}s (storage.commit_deadline_s); retry"
-                )
+            refusal = self._refusal(sealed, sealed.by_stream[stream_id], now)
+            if refusal is not None:
+                results[stream_id] = refusal
             else:
                 due.append(self._new_entry(sealed, placement, now))
         appended: list[IndexEntry | BaseException]
@@ -362,12 +374,28 @@ class WalWriter:
             metrics.WAL_FLUSH_FAILURES.inc()
         return not failed
 
-    def _too_late(self, sealed: _Sealed, appends: list[_Append], now: float) -> bool:
-        """Whether the chunk may no longer be committed: the object waited too long, or an
-        idempotent batch's producer lease may have passed to another process."""
-        return now - sealed.created > self._options.commit_deadline_s or any(
-            p.claim is not None and now > self._producers.deadline_of(p.claim) for p in appends
-        )
+    def _refusal(self, sealed: _Sealed, appends: list[_Append], now: float) -> NotWritten | None:
+        """Why the chunk may not be committed, if it may not: the object waited too long, an
+        idempotent batch's producer lease may have passed to another process, or the batch
+        follows one of its producer's that failed."""
+        if now - sealed.created > self._options.commit_deadline_s:
+            return CommitDeadlineExceeded(
+                f"WAL object {sealed.ref} was not committed within "
+                f"{self._options.commit_deadline_s}s (storage.commit_deadline_s); retry"
+            )
+        for pending in appends:
+            claim = pending.claim
+            if claim is not None and not self._producers.may_append(claim, now):
+                if claim.lease.void:
+                    return FollowsFailedBatch(
+                        f"producer {claim.producer_id}'s batch at sequence "
+                        f"{claim.sequences.first} follows one of its batches that failed; retry"
+                    )
+                return CommitDeadlineExceeded(
+                    f"producer {claim.producer_id}'s lease ended before its batch at sequence "
+                    f"{claim.sequences.first} was committed; retry"
+                )
+        return None
 
     @staticmethod
     def _new_entry(sealed: _Sealed, chunk: walformat.EncodedChunk, now: float) -> NewEntry:
@@ -387,13 +415,19 @@ class WalWriter:
             producers=_producer_batches(sealed.by_stream[placement.stream_id]),
         )
 
-    def _fail(self, appends: Sequence[_Append], exc: BaseException) -> None:
+    def _fail(
+        self, appends: Sequence[_Append], exc: BaseException, cause: BaseException | None = None
+    ) -> None:
+        """Fail ``appends`` with ``exc``: a :class:`NotWritten` where they are surely not in
+        the stream, anything else where they may be (an index commit that failed half-way)."""
+        if not isinstance(cause or exc, IcefloeError):
+            log.error("stream write failed", exc_info=cause or exc)
         if not isinstance(exc, IcefloeError):
-            log.error("stream write failed", exc_info=exc)
             exc = UnavailableError(f"stream write failed: {exc}")
+        maybe_written = not isinstance(exc, NotWritten)
         for pending in appends:
             if pending.claim is not None:
-                self._producers.failed(pending.claim)
+                self._producers.failed(pending.claim, maybe_written=maybe_written)
             if not pending.future.done():
                 pending.future.set_exception(exc)
             with contextlib.suppress(asyncio.InvalidStateError):

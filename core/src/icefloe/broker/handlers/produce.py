@@ -32,6 +32,7 @@ from icefloe.errors import IcefloeError, KafkaError
 from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage import batch
 from icefloe.storage.keyed import KeylessRecordsError
+from icefloe.storage.writer import NotWritten, WriterClosed
 from icefloe.topics import internal
 from icefloe.topics.configs import (
     LOG_APPEND_TIME,
@@ -292,9 +293,21 @@ def _record_errors(module: Any, errors: tuple[tuple[int, str], ...]) -> tuple[An
 
 
 def _write_error(exc: IcefloeError) -> tuple[ErrorCode, str]:
-    """The partition error for a batch the writer refused or could not commit."""
+    """The partition error for a batch the writer refused or could not commit.
+
+    Every error here is one clients retry with the same producer epoch and sequence: an
+    idempotent producer that gets an error it cannot retry as it is (librdkafka's rule for any
+    permanent error) bumps its epoch and renumbers every batch it has not had acknowledged, and
+    one of those may already be written (see :mod:`icefloe.storage.producers`).
+    """
     if isinstance(exc, KafkaError):
         return exc.error_code, str(exc)
+    if isinstance(exc, WriterClosed):
+        # Kafka's answer while a broker shuts down: the client asks where to go instead.
+        return ErrorCode.not_leader_or_follower, str(exc)
+    if isinstance(exc, NotWritten):
+        # Retried by every client as "not written", which it surely is not.
+        return ErrorCode.not_enough_replicas, f"the write failed: {exc}"
     if exc.retriable:
         # Every client retries REQUEST_TIMED_OUT, and it claims no more than we know: a
         # commit that failed half-way may or may not be visible (an idempotent retry is safe).
