@@ -28,11 +28,11 @@ def main() -> int:
     failed = 0
     for n in range(args.rounds):
         folder = args.keep or Path(tempfile.mkdtemp(prefix="icefloe-chaos-"))
-        outcome = broker_kill_round(
+        result = broker_kill_round(
             folder / f"round-{n}", seconds=args.minutes * 60 / args.rounds, seed=args.seed + n
         )
-        print(outcome.text, flush=True)
-        failed += not outcome.passed
+        print(result.summary(), flush=True)
+        failed += bool(result.problems) or not result.kills
     return 1 if failed else 0
 
 

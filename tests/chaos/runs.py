@@ -1,6 +1,6 @@
 """One chaos round: a 3-broker cluster, idempotent producers and a consumer group, brokers
 SIGKILLed every 10-15 s (and, once, every process of the cluster at once), then the checks of
-:mod:`tests.support.chaos`. The suite runs short rounds; ``python -m tests.chaos`` long ones."""
+:mod:`tests.support.chaos`. The suite runs a short round; ``python -m tests.chaos`` long ones."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -19,6 +19,7 @@ from tests.support.chaos import (
     GroupReaders,
     IdempotentLoad,
     Kill,
+    Verdict,
     check_group,
     check_stream,
     check_tables,
@@ -41,10 +42,55 @@ QUICK_COMPACTION = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class RoundOutcome:
-    passed: bool
-    text: str
+@dataclass
+class RoundResult:
+    """What one round did and found."""
+
+    seed: int
+    folder: Path
+    protocol: str
+    seconds: float = 0.0
+    kills: list[Kill] = field(default_factory=list)
+    acknowledged: int = 0
+    failed: int = 0
+    stream: Verdict = field(default_factory=Verdict)
+    never_handed: list[str] = field(default_factory=list)
+    redelivered: int = 0
+    tables: dict[str, list[str]] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds each step after the faults took: the producers' last answers, the group's and
+    the tables' catching up."""
+    other: list[str] = field(default_factory=list)
+    """Failures of the run itself: a producer failed for good, records without an outcome, a
+    kill that did not happen, a client's fatal error."""
+
+    @property
+    def broker_kills(self) -> int:
+        return sum(k.what == "broker" for k in self.kills)
+
+    @property
+    def problems(self) -> list[str]:
+        return (
+            self.stream.problems
+            + [f"the group was never handed {m}" for m in self.never_handed]
+            + [f"{f}: {p}" for f, ps in self.tables.items() for p in ps]
+            + self.other
+        )
+
+    def summary(self) -> str:
+        text = (
+            f"round {self.seed} ({self.protocol} group, {self.folder}): {self.seconds:.0f} s, "
+            f"{self.broker_kills} broker kills, {len(self.kills) - self.broker_kills} cluster "
+            f"kills, {self.acknowledged} records acknowledged, {self.failed} failed; "
+            f"stream: {self.stream.summary()}; group: {len(self.never_handed)} never handed, "
+            f"{self.redelivered} redelivered; tables: "
+            + ", ".join(f"{f} {len(ps)} differences" for f, ps in self.tables.items())
+            + "; after the faults: "
+            + ", ".join(f"{step} {s:.0f} s" for step, s in self.phases.items())
+        )
+        if self.problems:
+            text += "\n  " + "\n  ".join(self.problems[:40])
+        return text
 
 
 def broker_kill_round(
@@ -58,15 +104,14 @@ def broker_kill_round(
     kill_everything_once: bool = True,
     group_protocol: str | None = None,
     env: dict[str, str] | None = None,
-) -> RoundOutcome:
+) -> RoundResult:
     """Run the faults for ``seconds``, then check the stream, the group and both tables."""
     folder.mkdir(parents=True, exist_ok=True)
     environment = {**QUICK_COMPACTION, **(env or {})}
-    running = start_icefloe(folder / "data", brokers=BROKERS, env=environment)
     protocol = group_protocol or ("consumer" if seed % 2 else "classic")
+    result = RoundResult(seed, folder, protocol)
+    running = start_icefloe(folder / "data", brokers=BROKERS, env=environment)
     started = time.monotonic()
-    kills: list[Kill] = []
-    failures: list[str] = []
     try:
         admin = AdminClient({"bootstrap.servers": running.bootstrap})
         admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(30)
@@ -87,54 +132,53 @@ def broker_kill_round(
         for load in loads:
             load.start()
         readers.start()
-        halves = [seconds / 2, seconds / 2] if kill_everything_once else [seconds]
-        for n, length in enumerate(halves):
+        stretches = [seconds / 2, seconds / 2] if kill_everything_once else [seconds]
+        for n, length in enumerate(stretches):
             killer = BrokerKiller(running, KILL_EVERY, started, seed * 100 + n)
             killer.start()
             time.sleep(length)
             killer.stop()
-            kills += killer.kills
-            failures += killer.failures
-            if n < len(halves) - 1:
+            result.kills += killer.kills
+            result.other += killer.failures
+            if n < len(stretches) - 1:
+                at = time.monotonic() - started
                 running = _kill_everything(running, folder, environment)
-                kills.append(Kill(time.monotonic() - started, running.process.pid, "cluster"))
+                result.kills.append(Kill(at, running.process.pid, "cluster"))
+                result.phases["cluster restart"] = time.monotonic() - started - at
         wait_for_brokers(running, BROKERS)
-        last_fault = time.monotonic()
+        last_fault = step = time.monotonic()
+
+        def took(name: str) -> None:
+            nonlocal step
+            result.phases[name] = time.monotonic() - step
+            step = time.monotonic()
+
         for load in loads:
             load.stop()
+        took("producers")
         stream = read_stream(running.bootstrap, TOPIC, partitions)
+        took("read back")
         _wait_for_group(readers, stream, within=60)
         readers.stop()
-        verdict = check_stream(stream, loads)
-        missed, redelivered = check_group(readers, stream)
+        took("group")
+        result.stream = check_stream(stream, loads)
+        result.never_handed, result.redelivered = check_group(readers, stream)
         tables = table_rows(running, TOPIC, TABLES_WITHIN_S - (time.monotonic() - last_fault))
-        table_problems = check_tables(tables, stream)
+        took("tables")
+        result.tables = check_tables(tables, stream)
     finally:
+        stopping = time.monotonic()
         running.stop()
-    acked = sum(len(load.outcomes.acked) for load in loads)
-    failed = sum(len(load.outcomes.failed) for load in loads)
-    fatal = [load.fatal for load in loads if load.fatal]
+        result.phases["stop"] = time.monotonic() - stopping
+    result.seconds = time.monotonic() - started
+    result.acknowledged = sum(len(load.outcomes.acked) for load in loads)
+    result.failed = sum(len(load.outcomes.failed) for load in loads)
+    result.other += [f"a producer failed for good: {load.fatal}" for load in loads if load.fatal]
     unfinished = sum(load.unfinished for load in loads)
-    problems = (
-        verdict.problems
-        + [f"the group was never handed {m}" for m in missed]
-        + [f"{f}: {p}" for f, ps in table_problems.items() for p in ps]
-        + [f"a producer failed for good: {f}" for f in fatal]
-        + [f"{unfinished} records had no outcome"] * bool(unfinished)
-        + readers.errors
-        + failures
-    )
-    text = (
-        f"round {seed} ({protocol} group, {folder}): {time.monotonic() - started:.0f} s, "
-        f"{sum(k.what == 'broker' for k in kills)} broker kills, "
-        f"{sum(k.what == 'cluster' for k in kills)} cluster kills, "
-        f"{acked} records acknowledged, {failed} failed; stream: {verdict.summary()}; "
-        f"group: {len(missed)} never handed, {redelivered} redelivered; tables: "
-        + ", ".join(f"{f} {len(ps)} differences" for f, ps in table_problems.items())
-    )
-    if problems:
-        text += "\n  " + "\n  ".join(problems[:40])
-    return RoundOutcome(not problems and bool(kills), text)
+    if unfinished:
+        result.other.append(f"{unfinished} records had no outcome")
+    result.other += readers.errors
+    return result
 
 
 def _kill_everything(running: RunningIcefloe, folder: Path, env: dict[str, str]) -> RunningIcefloe:
@@ -147,6 +191,7 @@ def _kill_everything(running: RunningIcefloe, folder: Path, env: dict[str, str])
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     running.process.wait()
+    running.log_path.rename(running.log_path.with_name(f"{running.log_path.stem}-killed.log"))
     return start_icefloe(folder / "data", brokers=BROKERS, env=env, port=running.port)
 
 
