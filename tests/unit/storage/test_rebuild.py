@@ -66,7 +66,7 @@ def sent_batches(
     return out
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(batch_fields, min_size=1, max_size=6), st.integers(0, 2**40))
 def test_rebuilt_batches_equal_the_sent_ones(specs, first_offset: int) -> None:  # type: ignore[no-untyped-def]
     sent = sent_batches(specs, first_offset)
@@ -77,7 +77,7 @@ def test_rebuilt_batches_equal_the_sent_ones(specs, first_offset: int) -> None: 
     assert rebuild_batches(rows.table()) == b"".join(batch for _, batch in sent)
 
 
-@settings(max_examples=50)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(batch_fields, min_size=1, max_size=6), st.integers(0, 2**40), st.integers(0, 5))
 def test_a_rebuilt_group_knows_where_its_batches_start_and_end(specs, first_offset, past) -> None:  # type: ignore[no-untyped-def]
     rows = RowBuilder(partition=0)
@@ -127,7 +127,7 @@ def test_no_rows_rebuild_nothing() -> None:
     assert rebuild_batches(RowBuilder(partition=0).table()) == b""
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.tuples(batch_fields, st.integers(0, 3)), min_size=1, max_size=6),
     st.integers(0, 2**40),
