@@ -155,6 +155,9 @@ class Broker:
         )
         await self.groups.start()
         await self.transactions.start()
+        # Only now do clients get in: a request answered before the broker knows the cluster
+        # would name no broker as leader or coordinator.
+        await self.server.accept()
         self._maintenance = asyncio.create_task(self._collect_orphans(), name="orphan-collector")
         if self.config.compactor.enabled and self.config.compaction.backend:
             Compactor.check(self.config)  # a wrong backend or option fails the start

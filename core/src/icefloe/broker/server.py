@@ -170,7 +170,8 @@ class KafkaServer:
         self._handlers: dict[int, Handler] = {}
 
     async def start(self, host: str, port: int, listener: Listener = PLAINTEXT) -> int:
-        """Listen on one more address; return the bound port (useful with port 0)."""
+        """Bind one more address; return the bound port (useful with port 0). Connections
+        wait in the listen backlog until :meth:`accept` is called."""
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
             lambda: Wire(functools.partial(self._accept, listener)),
@@ -179,10 +180,16 @@ class KafkaServer:
             reuse_address=True,
             ssl=listener.ssl,
             ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if listener.ssl else None,
+            start_serving=False,
         )
         self._servers.append(server)
         bound: int = server.sockets[0].getsockname()[1]
         return bound
+
+    async def accept(self) -> None:
+        """Start taking the connections of every address bound."""
+        for server in self._servers:
+            await server.start_serving()
 
     async def close(self) -> None:
         """Stop accepting, then close every connection."""
