@@ -25,6 +25,7 @@ from tests.support.chaos import (
     check_tables,
     client_logger,
     read_stream,
+    redeliveries,
     table_rows,
     wait_for_brokers,
 )
@@ -56,6 +57,7 @@ class RoundResult:
     stream: Verdict = field(default_factory=Verdict)
     never_handed: list[str] = field(default_factory=list)
     redelivered: int = 0
+    redelivered_runs: list[str] = field(default_factory=list)
     tables: dict[str, list[str]] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds each step after the faults took: the producers' last answers, the group's and
@@ -90,6 +92,9 @@ class RoundResult:
         )
         if self.problems:
             text += "\n  " + "\n  ".join(self.problems[:40])
+        if self.redelivered_runs:
+            text += "\n  kills at " + ", ".join(f"{k.at:.0f} s ({k.what})" for k in self.kills)
+            text += "\n  redelivered: " + "\n  redelivered: ".join(self.redelivered_runs[:10])
         return text
 
 
@@ -163,6 +168,7 @@ def broker_kill_round(
         took("group")
         result.stream = check_stream(stream, loads)
         result.never_handed, result.redelivered = check_group(readers, stream)
+        result.redelivered_runs = redeliveries(readers)
         tables = table_rows(running, TOPIC, TABLES_WITHIN_S - (time.monotonic() - last_fault))
         took("tables")
         result.tables = check_tables(tables, stream)
@@ -202,6 +208,6 @@ def _wait_for_group(
     wanted = {name for records in stream.values() for _, name in records}
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if wanted <= {name for name, _, _ in list(readers.seen)}:
+        if wanted <= {h.name for h in list(readers.seen)}:
             return
         time.sleep(1)

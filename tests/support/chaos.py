@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from tests.support.broker import RunningIcefloe, broker_pids
 from tests.support.table_readers import delta_rows, iceberg_rows
@@ -230,6 +230,18 @@ class IdempotentLoad(threading.Thread):
         self.join()
 
 
+@dataclass(frozen=True, slots=True)
+class Handed:
+    """A record handed to a member of a group."""
+
+    name: str
+    partition: int
+    offset: int
+    member: int
+    at: float
+    """Seconds since the members started."""
+
+
 class GroupReaders:
     """Members of one consumer group reading a topic while faults happen, committing what
     they processed; every record each member was handed is noted."""
@@ -244,8 +256,9 @@ class GroupReaders:
         logger: logging.Logger,
     ) -> None:
         self._stopping = threading.Event()
-        self.seen: list[tuple[str, int, int]] = []
-        """(record name, partition, offset) in the order the members were handed them."""
+        self.seen: list[Handed] = []
+        """Every record a member was handed, in order."""
+        self._began = time.monotonic()
         self._lock = threading.Lock()
         self.errors: list[str] = []
         config: dict[str, object] = {
@@ -282,9 +295,15 @@ class GroupReaders:
                         if error.fatal():
                             self.errors.append(str(error))
                         continue
-                    name = record_name(message.value())
+                    handed = Handed(
+                        record_name(message.value()),
+                        message.partition(),
+                        message.offset(),
+                        index,
+                        time.monotonic() - self._began,
+                    )
                     with self._lock:
-                        self.seen.append((name, message.partition(), message.offset()))
+                        self.seen.append(handed)
         finally:
             consumer.close()
 
@@ -311,10 +330,7 @@ def read_stream(
         }
     )
     try:
-        ends = {}
-        for p in range(partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            ends[p] = (low, high)
+        ends = {p: _watermarks(consumer, TopicPartition(topic, p)) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in range(partitions)])
         stream: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
         done = {p for p, (low, high) in ends.items() if low >= high}
@@ -339,6 +355,20 @@ def read_stream(
         return stream
     finally:
         consumer.close()
+
+
+def _watermarks(consumer: Consumer, partition: TopicPartition) -> tuple[int, int]:
+    """The partition's log start and end, once the client knows the partition (a client
+    started right after the cluster may not, for a moment)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=10)
+            return low, high
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @dataclass
@@ -401,7 +431,7 @@ def check_group(
 ) -> tuple[list[str], int]:
     """Records of the stream the group was never handed (at-least-once), and how many it
     was handed more than once (redeliveries after rebalances, which at-least-once allows)."""
-    handed = Counter(name for name, _, _ in readers.seen)
+    handed = Counter(h.name for h in readers.seen)
     missed = [
         f"{name} at {partition}/{offset}"
         for partition, records in stream.items()
@@ -409,6 +439,39 @@ def check_group(
         if handed[name] == 0
     ]
     return missed, sum(count - 1 for count in handed.values() if count > 1)
+
+
+def redeliveries(readers: GroupReaders) -> list[str]:
+    """Each run of offsets of a partition handed again, with when and to whom: what a
+    rebalance or a lost commit made the group read twice."""
+    first: dict[tuple[int, int], Handed] = {}
+    again: list[Handed] = []
+    for h in readers.seen:
+        if (h.partition, h.offset) in first:
+            again.append(h)
+        else:
+            first[(h.partition, h.offset)] = h
+    runs: list[list[Handed]] = []
+    for h in sorted(again, key=lambda h: (h.partition, h.at, h.offset)):
+        last = runs[-1][-1] if runs else None
+        if (
+            last
+            and (last.partition, last.member) == (h.partition, h.member)
+            and (h.offset == last.offset + 1 or h.at - last.at < 1)
+        ):
+            runs[-1].append(h)
+        else:
+            runs.append([h])
+    lines = []
+    for run in runs:
+        start, end = run[0], run[-1]
+        before = first[(start.partition, start.offset)]
+        lines.append(
+            f"partition {start.partition} offsets {start.offset}-{end.offset} "
+            f"({len(run)} records) again to member {start.member} at {start.at:.1f} s, "
+            f"first to member {before.member} at {before.at:.1f} s"
+        )
+    return lines
 
 
 def table_rows(running: RunningIcefloe, topic: str, within: float) -> dict[str, list[object]]:
