@@ -19,6 +19,7 @@ from tests.support.chaos import (
     GroupReaders,
     IdempotentLoad,
     Kill,
+    StoreFaults,
     Verdict,
     check_group,
     check_stream,
@@ -29,6 +30,7 @@ from tests.support.chaos import (
     table_rows,
     wait_for_brokers,
 )
+from tests.support.metadata_servers import MetadataServer, start_etcd, start_oxia
 
 BROKERS = 3
 TOPIC = "chaos"
@@ -71,6 +73,10 @@ class RoundResult:
         return sum(k.what == "broker" for k in self.kills)
 
     @property
+    def store_faults(self) -> int:
+        return sum(k.what.endswith(("killed", "paused")) for k in self.kills)
+
+    @property
     def problems(self) -> list[str]:
         return (
             self.stream.problems
@@ -82,8 +88,10 @@ class RoundResult:
     def summary(self) -> str:
         text = (
             f"round {self.seed} ({self.protocol} group, {self.folder}): {self.seconds:.0f} s, "
-            f"{self.broker_kills} broker kills, {len(self.kills) - self.broker_kills} cluster "
-            f"kills, {self.acknowledged} records acknowledged, {self.failed} failed; "
+            f"{self.broker_kills} broker kills, "
+            f"{sum(k.what == 'cluster' for k in self.kills)} cluster kills, "
+            f"{self.store_faults} metadata store kills and pauses, "
+            f"{self.acknowledged} records acknowledged, {self.failed} failed; "
             f"stream: {self.stream.summary()}; group: {len(self.never_handed)} never handed, "
             f"{self.redelivered} redelivered; tables: "
             + ", ".join(f"{f} {len(ps)} differences" for f, ps in self.tables.items())
@@ -107,16 +115,28 @@ def broker_kill_round(
     producers: int = 2,
     rate: float = 150.0,
     kill_everything_once: bool = True,
+    kill_brokers: bool = True,
+    store: str = "sqlite",
+    store_faults: bool = False,
     group_protocol: str | None = None,
     env: dict[str, str] | None = None,
 ) -> RoundResult:
-    """Run the faults for ``seconds``, then check the stream, the group and both tables."""
+    """Run the faults for ``seconds``, then check the stream, the group and both tables.
+
+    The metadata is on ``store``: the embedded SQLite, or an etcd or Oxia server started for
+    the round, which ``store_faults`` kills and pauses in turn every 20-30 s.
+    """
     folder.mkdir(parents=True, exist_ok=True)
-    environment = {**QUICK_COMPACTION, **(env or {})}
+    server = None if store == "sqlite" else STORES[store](folder / store)
+    environment = {**QUICK_COMPACTION, **_store_settings(store, server), **(env or {})}
     protocol = group_protocol or ("consumer" if seed % 2 else "classic")
     result = RoundResult(seed, folder, protocol)
     running = start_icefloe(folder / "data", brokers=BROKERS, env=environment)
     started = time.monotonic()
+    faults = None
+    if server is not None and store_faults:
+        faults = StoreFaults(server.process, STORE_FAULT_EVERY, started, seed)
+        faults.start()
     try:
         admin = AdminClient({"bootstrap.servers": running.bootstrap})
         admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(30)
@@ -140,9 +160,11 @@ def broker_kill_round(
         stretches = [seconds / 2, seconds / 2] if kill_everything_once else [seconds]
         for n, length in enumerate(stretches):
             killer = BrokerKiller(running, KILL_EVERY, started, seed * 100 + n)
-            killer.start()
+            if kill_brokers:
+                killer.start()
             time.sleep(length)
-            killer.stop()
+            if kill_brokers:
+                killer.stop()
             result.kills += killer.kills
             result.other += killer.failures
             if n < len(stretches) - 1:
@@ -150,6 +172,10 @@ def broker_kill_round(
                 running = _kill_everything(running, folder, environment)
                 result.kills.append(Kill(at, running.process.pid, "cluster"))
                 result.phases["cluster restart"] = time.monotonic() - started - at
+        if faults is not None:
+            faults.stop()
+            result.kills += faults.kills
+            result.other += faults.failures
         wait_for_brokers(running, BROKERS)
         last_fault = step = time.monotonic()
 
@@ -173,9 +199,13 @@ def broker_kill_round(
         took("tables")
         result.tables = check_tables(tables, stream)
     finally:
+        if faults is not None and faults.is_alive():
+            faults.stop()
         stopping = time.monotonic()
         running.stop()
         result.phases["stop"] = time.monotonic() - stopping
+        if server is not None:
+            server.process.stop()
     result.seconds = time.monotonic() - started
     result.acknowledged = sum(len(load.outcomes.acked) for load in loads)
     result.failed = sum(len(load.outcomes.failed) for load in loads)
@@ -185,6 +215,18 @@ def broker_kill_round(
         result.other.append(f"{unfinished} records had no outcome")
     result.other += readers.errors
     return result
+
+
+STORES = {"etcd": start_etcd, "oxia": start_oxia}
+STORE_FAULT_EVERY = (20.0, 30.0)
+
+
+def _store_settings(store: str, server: MetadataServer | None) -> dict[str, str]:
+    """What points ``serve`` at the round's metadata store."""
+    if server is None:
+        return {}
+    key = {"etcd": "ETCD__ENDPOINTS", "oxia": "OXIA__ADDRESSES"}[store]
+    return {"ICEFLOE_METADATA__BACKEND": store, f"ICEFLOE_METADATA__{key}": f'["{server.address}"]'}
 
 
 def _kill_everything(running: RunningIcefloe, folder: Path, env: dict[str, str]) -> RunningIcefloe:

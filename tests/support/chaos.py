@@ -26,6 +26,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from tests.support.broker import RunningIcefloe, broker_pids
+from tests.support.servers import ServerProcess
 from tests.support.table_readers import delta_rows, iceberg_rows
 from tests.support.tables_cli import tables_json
 
@@ -106,15 +107,80 @@ class BrokerKiller(threading.Thread):
         self.join()
 
 
+class StoreFaults(threading.Thread):
+    """Kills (SIGKILL, then a restart on its data after ``down_s``) and pauses (SIGSTOP for
+    ``pause_s``, longer than the sessions' TTL) a metadata server in turn, one fault every
+    ``every`` seconds (a range), checking that each happened."""
+
+    def __init__(
+        self,
+        server: ServerProcess,
+        every: tuple[float, float],
+        started: float,
+        seed: int,
+        down_s: float = 3.0,
+        pause_s: float = 15.0,
+    ) -> None:
+        super().__init__(name="store-faults", daemon=True)
+        self._server = server
+        self._every = every
+        self._began = started
+        self._random = random.Random(seed)
+        self._down_s = down_s
+        self._pause_s = pause_s
+        self._stopping = threading.Event()
+        self.kills: list[Kill] = []
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        n = 0
+        while not self._stopping.wait(self._random.uniform(*self._every)):
+            at = time.monotonic() - self._began
+            process = self._server.process
+            assert process is not None
+            if n % 2 == 0:
+                self._server.kill()
+                if process.poll() is None:
+                    self.failures.append(f"{self._server.name} survived SIGKILL")
+                time.sleep(self._down_s)
+                self._server.start()
+                self.kills.append(Kill(at, process.pid, f"{self._server.name} killed"))
+            else:
+                self._server.pause()
+                if not _stopped(process.pid):
+                    self.failures.append(f"{self._server.name} did not stop on SIGSTOP")
+                time.sleep(self._pause_s)
+                self._server.resume()
+                self.kills.append(Kill(at, process.pid, f"{self._server.name} paused"))
+            n += 1
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (state T)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if _state(pid) == "T":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
 def _gone(pid: int, within: float) -> bool:
     """Whether process ``pid`` has died (a zombie counts: it is no longer running)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            return True
-        if state in ("Z", "X"):
+        if _state(pid) in (None, "Z", "X"):
             return True
         time.sleep(0.05)
     return False

@@ -109,6 +109,14 @@ class ServerProcess:
         assert self.process is not None
         os.killpg(self.process.pid, signal.SIGCONT)
 
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group, as a crash of its host would, and wait
+        until it is gone (:meth:`start` starts it again on its data)."""
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
