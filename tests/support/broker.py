@@ -112,9 +112,11 @@ def start_icefloe(
     timeout: float = 60,
     own_session: bool = False,
     yielding: bool = False,
+    port: int | None = None,
 ) -> RunningIcefloe:
     """Start `icefloe serve` on free ports and wait until it prints its bootstrap address
-    (``own_session``: in a session of its own, as a service runs, rather than the caller's).
+    (``own_session``: in a session of its own, as a service runs, rather than the caller's;
+    ``port``: on that port, as a broker restarted where its clients look for it).
 
     Its compactor yields to a busy host only with ``yielding`` (benchmarks): two test workers
     keep the machine's cores busy, so a test's compaction would wait its longest every time
@@ -126,11 +128,11 @@ def start_icefloe(
     attempt = 1
     while True:
         try:
-            return _start_once(data_dir, brokers, env, timeout, own_session, yielding)
+            return _start_once(data_dir, brokers, env, timeout, own_session, yielding, port)
         except RuntimeError as exc:
             # serve words it "port N on HOST is already in use"; a raw bind error, "address
             # already in use".
-            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS or port:
                 raise
         attempt += 1
 
@@ -142,8 +144,9 @@ def _start_once(
     timeout: float,
     own_session: bool,
     yielding: bool,
+    fixed_port: int | None,
 ) -> RunningIcefloe:
-    port = _free_port_run(brokers)
+    port = fixed_port or _free_port_run(brokers)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
     # Tests want quick acknowledgements more than few WAL objects.
     environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
@@ -152,8 +155,12 @@ def _start_once(
     if not yielding:
         environment.setdefault("ICEFLOE_COMPACTOR__YIELD_ABOVE_CPU", "1")
     environment.update(env or {})
-    log_path = data_dir.parent / f"{data_dir.name}-serve.log"
-    log = log_path.open("w")
+    if fixed_port is None:
+        log_path = data_dir.parent / f"{data_dir.name}-serve.log"
+        log = log_path.open("w")
+    else:  # one log per port, kept across restarts on it
+        log_path = data_dir.parent / f"{data_dir.name}-{port}-serve.log"
+        log = log_path.open("a")
     process = subprocess.Popen(
         [
             sys.executable,

@@ -222,6 +222,13 @@ class ChainMember:
     def _rebalanced(self, what: str) -> Callable[[Any, list[Any]], None]:
         def note(_: Any, partitions: list[Any]) -> None:
             self._note(f"{what} {sorted(tp.partition for tp in partitions)}")
+            if what != "assigned":
+                # Offsets stored for a partition given up may never be committed (a lost one's
+                # are dropped), and a later commit of the partition, once it is back, does
+                # not cover them.
+                for tp in partitions:
+                    pending = self._stored.pop(tp.partition, [])
+                    self._unconfirmed.update(value for _, value in pending)
 
         return note
 

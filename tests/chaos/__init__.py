@@ -1,0 +1,1 @@
+"""Long fault runs, by hand (``python -m tests.chaos.…``); pytest collects none of them."""
