@@ -153,6 +153,28 @@ def test_regex_subscription_matches_topic_names() -> None:
     assert set(result.assignment) == {CATALOG["other"].topic_id}
 
 
+def test_a_full_heartbeat_of_a_regex_subscriber_gets_its_assignment_again() -> None:
+    """After an error a member sends everything (its regex, not topic names, for a regex
+    subscription): it may have missed the response that carried its assignment."""
+    subscribed = HeartbeatRequest(
+        member_id="a",
+        member_epoch=0,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_regex="oth.*",
+        owned={},
+    )
+    g, _ = beat(None, subscribed)
+    full = HeartbeatRequest(
+        member_id="a",
+        member_epoch=1,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_regex="oth.*",
+        owned={},
+    )
+    _, result = beat(g, full)
+    assert result.assignment == {CATALOG["other"].topic_id: frozenset({0, 1})}
+
+
 def test_unchanged_heartbeat_writes_nothing() -> None:
     g, _ = beat(None, join("a"))
     new, result = consumer.heartbeat(g, "g", poll("a", 1), CATALOG, T0 + 100, OPTIONS)

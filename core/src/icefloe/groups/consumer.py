@@ -62,11 +62,13 @@ class HeartbeatRequest:
 
     @property
     def full(self) -> bool:
-        """A join, or a heartbeat carrying everything (clients send one after an error)."""
+        """A join, or a heartbeat carrying everything (clients send one after an error): its
+        subscription is topic names or a regex."""
+        subscription = self.subscribed_topic_names is not None or bool(
+            self.subscribed_topic_regex
+        )
         return self.member_epoch == 0 or (
-            self.rebalance_timeout_ms != -1
-            and self.subscribed_topic_names is not None
-            and self.owned is not None
+            self.rebalance_timeout_ms != -1 and subscription and self.owned is not None
         )
 
 
