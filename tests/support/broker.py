@@ -123,7 +123,7 @@ def start_icefloe(
     (tests/compaction/test_yielding.py tests yielding).
 
     A port that looked free may be taken by another test's server before the broker binds it;
-    then the run is started again on other ports.
+    then the run is started again on other ports (on ``port`` again, a second later).
     """
     attempt = 1
     while True:
@@ -132,8 +132,10 @@ def start_icefloe(
         except RuntimeError as exc:
             # serve words it "port N on HOST is already in use"; a raw bind error, "address
             # already in use".
-            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS or port:
+            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
                 raise
+            if port is not None:
+                time.sleep(1)  # a killed broker's socket, about to be released
         attempt += 1
 
 

@@ -67,7 +67,10 @@ class _RingLog(logging.Handler):
         self.lines: collections.deque[str] = collections.deque(maxlen=lines)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{record.created:.3f} {record.getMessage()}")
+        message = record.getMessage()
+        # Every consume() asks for the assignment and member id: not worth a line each.
+        if "received op GET_ASSIGNMENT" not in message and "received op NAME" not in message:
+            self.lines.append(f"{record.created:.3f} {message}")
 
 
 @dataclass
@@ -616,7 +619,7 @@ def stall_report(chain: Chain, outcome: Outcome, log_lines: int = 60) -> str:
         for m in chain.members.get(group, []):
             if p in m.assignment or not any(p in o.assignment for o in chain.members[group]):
                 lines_now = list(m.log.lines)  # one copy, made while the GIL is held
-                tail = [line for line in lines_now if topic in line or "cgrp" in line.lower()]
+                tail = [line for line in lines_now if topic in line or "HEARTBEAT" in line]
                 lines.append(f"== last debug lines of {m.name} (for {topic}[{p}])")
                 lines.extend(f"   {line}" for line in tail[-log_lines:])
     return "\n".join(lines)
