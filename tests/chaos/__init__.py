@@ -1,1 +1,2 @@
-"""Long chaos runs, run by hand (not collected by pytest): ``python -m tests.chaos --help``."""
+"""Long fault runs, by hand (``python -m tests.chaos --help``, ``python -m tests.chaos.…``);
+pytest collects none of them."""

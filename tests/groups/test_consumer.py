@@ -153,11 +153,68 @@ def test_regex_subscription_matches_topic_names() -> None:
     assert set(result.assignment) == {CATALOG["other"].topic_id}
 
 
+def test_a_full_heartbeat_of_a_regex_subscriber_gets_its_assignment_again() -> None:
+    """After an error a member sends everything (its regex, not topic names, for a regex
+    subscription): it may have missed the response that carried its assignment."""
+    subscribed = HeartbeatRequest(
+        member_id="a",
+        member_epoch=0,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_regex="oth.*",
+        owned={},
+    )
+    g, _ = beat(None, subscribed)
+    full = HeartbeatRequest(
+        member_id="a",
+        member_epoch=1,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_regex="oth.*",
+        owned={},
+    )
+    _, result = beat(g, full)
+    assert result.assignment == {CATALOG["other"].topic_id: frozenset({0, 1})}
+
+
 def test_unchanged_heartbeat_writes_nothing() -> None:
     g, _ = beat(None, join("a"))
+    g, _ = beat(g, poll("a", 1, owned={T: frozenset(range(6))}))  # a has its assignment
     new, result = consumer.heartbeat(g, "g", poll("a", 1), CATALOG, T0 + 100, OPTIONS)
     assert new is None
-    assert result.assignment is None  # unchanged assignments are not resent
+    assert result.assignment is None  # an assignment the member has is not resent
+
+
+def test_a_revocation_whose_answer_was_lost_is_told_again() -> None:
+    """librdkafka waits a heartbeat interval for an answer; one slower is lost to it though
+    the coordinator's decision stands, and its next heartbeat (same epoch, nothing owned)
+    looked like nothing happened: the member kept the partition it was to give up, and the
+    member waiting for it waited until the revocation deadline."""
+    g, _ = beat(None, join("a"))
+    g, _ = beat(g, poll("a", 1, owned={T: frozenset(range(6))}))
+    g, _ = beat(g, join("b"))
+    g, told = beat(g, poll("a", 1))  # this answer never reaches a
+    kept = parts(told)
+    assert len(kept) == 3
+    g, again = beat(g, poll("a", 1))
+    assert again.assignment is not None, "a is never told to give up its partitions"
+    assert parts(again) == kept
+    g, done = beat(g, poll("a", 1, owned={T: kept}))  # a revokes and says so
+    assert done.member_epoch == 2
+    _, quiet = beat(g, poll("a", 2))
+    assert quiet.assignment is None
+
+
+def test_partitions_released_to_a_member_whose_answer_was_lost_are_told_again() -> None:
+    g, _ = beat(None, join("a"))
+    g, _ = beat(g, poll("a", 1, owned={T: frozenset(range(6))}))
+    g, _ = beat(g, join("b"))
+    g, told = beat(g, poll("a", 1))
+    g, _ = beat(g, poll("a", 1, owned={T: parts(told)}))
+    g, released = beat(g, poll("b", 2))  # this answer never reaches b
+    freed = frozenset(range(6)) - parts(told)
+    assert parts(released) == freed
+    _, again = beat(g, poll("b", 2))
+    assert again.assignment is not None, "b never learns of the partitions a released"
+    assert parts(again) == freed
 
 
 def test_non_empty_classic_group_refuses_consumer_members() -> None:

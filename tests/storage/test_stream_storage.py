@@ -91,6 +91,34 @@ async def test_log_end_and_start(storage: StreamStorage) -> None:
     assert (await storage.log_start(stream), await storage.log_end(stream)) == (0, 8)
 
 
+async def test_the_log_start_of_an_empty_stream_stays_0_when_its_first_records_land_meanwhile(
+    storage: StreamStorage, other_storage: StreamStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListOffsets EARLIEST of a partition nobody wrote yet, answered while another broker
+    appends its first batch: the log start is 0 either way. Reading the log end after finding
+    no entry answered the end of that batch, and a consumer starting from "earliest" skipped
+    the batch for good."""
+    stream = await storage.create_stream("s")
+    store_ceiling = storage.metadata.ceiling
+    found_nothing = asyncio.Event()
+    appended = asyncio.Event()
+
+    async def first_entry_then_append(key: str) -> Any:
+        record = await store_ceiling(key)
+        if not found_nothing.is_set():
+            found_nothing.set()
+            await appended.wait()  # the first batch lands right after the look-up
+        return record
+
+    monkeypatch.setattr(storage.metadata, "ceiling", first_entry_then_append)
+    reading = asyncio.create_task(storage.log_start(stream))
+    await found_nothing.wait()
+    await other_storage.append(stream, records(9))
+    appended.set()
+    assert await reading == 0
+    assert await storage.log_start(stream) == 0
+
+
 async def test_read_at_log_end_is_empty_and_beyond_it_is_out_of_range(
     storage: StreamStorage,
 ) -> None:

@@ -114,16 +114,16 @@ def start_icefloe(
     yielding: bool = False,
     port: int | None = None,
 ) -> RunningIcefloe:
-    """Start `icefloe serve` on free ports (or from ``port`` on: a cluster restarted where its
-    clients expect it) and wait until it prints its bootstrap address
-    (``own_session``: in a session of its own, as a service runs, rather than the caller's).
+    """Start `icefloe serve` on free ports and wait until it prints its bootstrap address
+    (``own_session``: in a session of its own, as a service runs, rather than the caller's;
+    ``port``: from that port on, as a cluster restarted where its clients look for it).
 
     Its compactor yields to a busy host only with ``yielding`` (benchmarks): two test workers
     keep the machine's cores busy, so a test's compaction would wait its longest every time
     (tests/compaction/test_yielding.py tests yielding).
 
     A port that looked free may be taken by another test's server before the broker binds it;
-    then the run is started again on other ports.
+    then the run is started again on other ports (on ``port`` again, a second later).
     """
     attempt = 1
     while True:
@@ -132,8 +132,10 @@ def start_icefloe(
         except RuntimeError as exc:
             # serve words it "port N on HOST is already in use"; a raw bind error, "address
             # already in use".
-            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS or port:
+            if "already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
                 raise
+            if port is not None:
+                time.sleep(1)  # a killed broker's socket, about to be released
         attempt += 1
 
 
@@ -144,9 +146,9 @@ def _start_once(
     timeout: float,
     own_session: bool,
     yielding: bool,
-    port: int | None,
+    fixed_port: int | None,
 ) -> RunningIcefloe:
-    port = port or _free_port_run(brokers)
+    port = fixed_port or _free_port_run(brokers)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ICEFLOE_")}
     # Tests want quick acknowledgements more than few WAL objects.
     environment.setdefault("ICEFLOE_STORAGE__PROFILE", "latency")
@@ -155,8 +157,12 @@ def _start_once(
     if not yielding:
         environment.setdefault("ICEFLOE_COMPACTOR__YIELD_ABOVE_CPU", "1")
     environment.update(env or {})
-    log_path = data_dir.parent / f"{data_dir.name}-serve.log"
-    log = log_path.open("w")
+    if fixed_port is None:
+        log_path = data_dir.parent / f"{data_dir.name}-serve.log"
+        log = log_path.open("w")
+    else:  # one log per port, kept across restarts on it
+        log_path = data_dir.parent / f"{data_dir.name}-{port}-serve.log"
+        log = log_path.open("a")
     process = subprocess.Popen(
         [
             sys.executable,

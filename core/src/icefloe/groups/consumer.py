@@ -10,7 +10,10 @@ still owns:
   rebalance timeout to confirm, by reporting what it owns, or it is fenced;
 - then it moves to the target epoch and gets the target partitions that are free; those other
   members still hold come on later heartbeats (``UNRELEASED_PARTITIONS``) until it is
-  ``STABLE``.
+  ``STABLE``;
+- each answer that changes what it owns may be lost to it (a client waits one heartbeat
+  interval, and the decision stands either way), so its assignment goes out with every answer
+  until it reports owning exactly that.
 
 Epoch checks fence zombies: a heartbeat with a greater epoch than the member's, or a smaller
 one other than the previous epoch (a lost response), is FENCED_MEMBER_EPOCH and the client
@@ -62,11 +65,11 @@ class HeartbeatRequest:
 
     @property
     def full(self) -> bool:
-        """A join, or a heartbeat carrying everything (clients send one after an error)."""
+        """A join, or a heartbeat carrying everything (clients send one after an error): its
+        subscription is topic names or a regex."""
+        subscription = self.subscribed_topic_names is not None or bool(self.subscribed_topic_regex)
         return self.member_epoch == 0 or (
-            self.rebalance_timeout_ms != -1
-            and self.subscribed_topic_names is not None
-            and self.owned is not None
+            self.rebalance_timeout_ms != -1 and subscription and self.owned is not None
         )
 
 
@@ -154,17 +157,34 @@ def heartbeat(
     g = _put_member(g, updated)
     g = _retarget(g, catalog, options, bump)
     reconciled = _reconcile(g, updated, request.owned, now)
-    g = _put_member(g, reconciled)
     changed = before is None or before.assigned != reconciled.assigned
+    reconciled = replace(reconciled, acknowledged=_acknowledged(reconciled, changed, request))
+    g = _put_member(g, reconciled)
     result = HeartbeatResult(
         member_id=reconciled.member_id,
         member_epoch=reconciled.member_epoch,
-        assignment=reconciled.assigned if changed or request.full else None,
+        assignment=(
+            reconciled.assigned if changed or request.full or not reconciled.acknowledged else None
+        ),
     )
     if g == group:
         # Nothing changed: liveness alone goes to the member's alive key, never to the record.
         return None, result
     return _put_member(g, replace(reconciled, last_seen_ms=now)), result
+
+
+def _acknowledged(member: ConsumerMember, changed: bool, request: HeartbeatRequest) -> bool:
+    """Whether the member is known to have its assignment: it reported owning exactly that.
+
+    A client waits for an answer only a heartbeat interval (librdkafka's request timeout);
+    a slower answer is lost to it though its decision stands, and its next heartbeat, at the
+    same epoch and naming nothing it owns, looks like nothing happened. A revocation or the
+    partitions released to it since would then never reach it, so its assignment goes out
+    with every answer until it reports owning it.
+    """
+    if request.owned is not None:
+        return _same(request.owned, member.assigned)
+    return member.acknowledged and not changed
 
 
 def _validate(request: HeartbeatRequest, options: GroupOptions) -> HeartbeatResult | None:
@@ -440,6 +460,10 @@ def _union(*parts: Assignment) -> Assignment:
 
 def _intersects(a: Assignment, b: Assignment) -> bool:
     return any(p & b.get(t, frozenset()) for t, p in a.items())
+
+
+def _same(a: Assignment, b: Assignment) -> bool:
+    return {t: p for t, p in a.items() if p} == {t: p for t, p in b.items() if p}
 
 
 def _subset(a: Assignment, b: Assignment) -> bool:

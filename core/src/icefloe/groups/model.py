@@ -140,6 +140,9 @@ class ConsumerMember:
     last_seen_ms: int = 0
     left: bool = False
     """A static member that left with epoch -2: it keeps its partitions until its session ends."""
+    acknowledged: bool = False
+    """The member reported owning exactly ``assigned``: until it does, every heartbeat answer
+    carries its assignment (the answer that first did may never have reached it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +321,7 @@ def _consumer_member(m: ConsumerMember) -> dict[str, Any]:
         "revoke_by": m.revocation_deadline_ms,
         "seen": m.last_seen_ms,
         "left": m.left,
+        "acked": m.acknowledged,
     }
 
 
@@ -340,4 +344,5 @@ def _read_consumer_member(v: dict[str, Any]) -> ConsumerMember:
         revocation_deadline_ms=v["revoke_by"],
         last_seen_ms=v["seen"],
         left=v["left"],
+        acknowledged=v.get("acked", True),  # records written before the field: as before
     )

@@ -188,7 +188,10 @@ class IndexReader:
         floor = await self.recorded_log_start(stream_id)
         entry = await self.first_entry(stream_id)
         if entry is None:
-            return max(floor, await self.log_end(stream_id))
+            # Nothing was ever written (retention always leaves the last entry). Not the log
+            # end read now: a first batch that landed since the look-up would end there, and a
+            # consumer starting from the earliest offset would skip it.
+            return floor
         return max(floor, entry.start)
 
     async def recorded_log_start(self, stream_id: int) -> int:
