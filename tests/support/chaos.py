@@ -207,8 +207,9 @@ def wait_for_brokers(running: RunningIcefloe, count: int, within: float = 90.0) 
 class Outcomes:
     """What a producer's client reported of each record it sent."""
 
-    acked: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Record name → (partition, offset) the broker acknowledged."""
+    acked: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    """Record name → (partition, offset) the broker acknowledged (``None``: acknowledged by a
+    later batch's acknowledgement, see :func:`check_stream`)."""
     failed: dict[str, str] = field(default_factory=dict)
     """Record name → the error the client reported (the record may or may not be written)."""
     sent: list[tuple[str, int]] = field(default_factory=list)
@@ -462,7 +463,11 @@ def check_stream(
     stream: dict[int, list[tuple[int, str]]], loads: Sequence[IdempotentLoad]
 ) -> Verdict:
     """Every acknowledged record once, at the offset it was acknowledged with; each
-    producer's records of a partition in the order it sent them; nothing twice."""
+    producer's records of a partition in the order it sent them; nothing twice.
+
+    A record acknowledged without an offset is one librdkafka took as written because the
+    broker acknowledged a later batch of its producer on that partition (a broker writes an
+    idempotent producer's batches in order): it must be there all the same."""
     verdict = Verdict()
     where: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for partition, records in stream.items():
@@ -476,7 +481,7 @@ def check_stream(
             places = where.get(name, [])
             if not places:
                 verdict.lost.append(f"{name} (acknowledged at {acked})")
-            elif acked not in places:
+            elif acked[1] is not None and acked not in places:
                 verdict.misplaced.append(f"{name} acknowledged at {acked}, found at {places}")
     for partition, records in stream.items():
         last: dict[str, tuple[int, int]] = {}
