@@ -179,6 +179,8 @@ def _root_os_error(exc: BaseException) -> OSError | None:
 
 def serve(config: Config, brokers: int) -> int:
     """Run ``brokers`` broker processes until a signal; returns the exit status."""
+    # Its lines (a broker killed, restarted) are dated like the brokers' own.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s serve[%(process)d] %(message)s")
     clash = port_clash(config, brokers)
     if clash is not None:
         print(f"icefloe: {clash}", file=sys.stderr, flush=True)
