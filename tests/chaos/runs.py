@@ -21,6 +21,7 @@ from tests.support.chaos import (
     Kill,
     StoreFaults,
     Verdict,
+    caught_up_tables,
     check_group,
     check_stream,
     check_tables,
@@ -37,6 +38,8 @@ TOPIC = "chaos"
 KILL_EVERY = (10.0, 15.0)
 TABLES_WITHIN_S = 60.0
 """Both tables hold every record within this long of the last fault."""
+TABLES_GIVE_UP_S = 300.0
+"""How long a round waits for the tables at most (to say how late they were)."""
 QUICK_COMPACTION = {
     # Tables close behind the stream, so that "caught up within a minute" is a real check.
     "ICEFLOE_COMPACTOR__MAX_AGE_S": "5",
@@ -61,6 +64,8 @@ class RoundResult:
     redelivered: int = 0
     redelivered_runs: list[str] = field(default_factory=list)
     tables: dict[str, list[str]] = field(default_factory=dict)
+    tables_after_s: float = 0.0
+    """When both tables held every record, counted from the last fault."""
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds each step after the faults took: the producers' last answers, the group's and
     the tables' catching up."""
@@ -95,6 +100,7 @@ class RoundResult:
             f"stream: {self.stream.summary()}; group: {len(self.never_handed)} never handed, "
             f"{self.redelivered} redelivered; tables: "
             + ", ".join(f"{f} {len(ps)} differences" for f, ps in self.tables.items())
+            + f", caught up {self.tables_after_s:.0f} s after the last fault"
             + "; after the faults: "
             + ", ".join(f"{step} {s:.0f} s" for step, s in self.phases.items())
         )
@@ -195,9 +201,17 @@ def broker_kill_round(
         result.stream = check_stream(stream, loads)
         result.never_handed, result.redelivered = check_group(readers, stream)
         result.redelivered_runs = redeliveries(readers)
-        tables = table_rows(running, TOPIC, TABLES_WITHIN_S - (time.monotonic() - last_fault))
+        caught_up = caught_up_tables(running, TOPIC, TABLES_GIVE_UP_S)
         took("tables")
-        result.tables = check_tables(tables, stream)
+        result.tables_after_s = time.monotonic() - last_fault
+        if not caught_up:
+            result.other.append(f"the tables had not caught up {TABLES_GIVE_UP_S:.0f} s on")
+        elif result.tables_after_s > TABLES_WITHIN_S:
+            result.other.append(
+                f"the tables caught up {result.tables_after_s:.0f} s after the last fault, "
+                f"more than {TABLES_WITHIN_S:.0f} s"
+            )
+        result.tables = check_tables(table_rows(running, TOPIC), stream)
     finally:
         if faults is not None and faults.is_alive():
             faults.stop()
