@@ -4,6 +4,8 @@ Offsets live in the metadata store (``group-offsets/<group>/<topic>/<partition>`
 survive every broker restart and any broker answers for them. A commit is checked against the
 group record (generation for classic groups, member epoch for KIP-848 groups) and, where the
 metadata store has multi-key transactions, written only if that record has not changed since.
+OffsetFetch with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for a partition whose offset
+an open transaction may still commit (:mod:`icefloe.transactions.pending`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ DescribeTransactions and ListTransactions, answered by :mod:`icefloe.transaction
 on whichever broker the client reaches (InitProducerId and FindCoordinator, which transactions
 share with idempotent producers and groups, live with those).
 
+TxnOffsetCommit (v3+) names the consumer group member the offsets come from, and the group
+refuses a member a rebalance left behind (KIP-447), as Kafka's group coordinator does.
+
 AddPartitionsToTxn is served in its client versions (0–3): from v4 on it is the brokers'
 verification call of KIP-890, which Icefloe's produce path does not need (Produce checks the
 partition's open transaction itself). ListTransactions is served up to v1: v2's transactional
