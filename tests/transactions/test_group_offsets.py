@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kio.schema.errors import ErrorCode
 
+from icefloe.errors import KafkaError
 from icefloe.groups.model import (
     ClassicGroup,
     ClassicMember,
@@ -210,3 +211,18 @@ async def test_a_mark_left_behind_counts_for_nothing_and_is_swept(
     assert await two.pending_offsets("g") == set()
     assert await two.sweep() == 1
     assert [m async for m in PendingOffsets(storage.metadata).every_mark()] == []
+
+
+async def test_ids_too_long_to_mark_together_are_refused_with_kafkas_invalid_request(
+    pair: Pair,
+) -> None:
+    one, _ = pair
+    group, transactional_id = "g" * 600, "t" * 500  # each fits a store key, not both together
+    pid, epoch = await one.init_producer_id(transactional_id, 60_000, -1, -1)
+    await one.add_offsets(transactional_id, pid, epoch, group)
+    with pytest.raises(KafkaError) as refused:
+        await one.commit_offsets(transactional_id, pid, epoch, group, OFFSET)
+    assert refused.value.error_code is ErrorCode.invalid_request
+    assert await one.pending_offsets(group) == set()
+    assert await one.pending_offsets("g" * 2000) == set()
+    await one.end(transactional_id, pid, epoch, commit=True)  # and it still ends

@@ -26,7 +26,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe.errors import ConflictError, CorruptDataError, KafkaError
 from icefloe.keyspace import TXN_PENDING_OFFSETS, prefix_end
-from icefloe.ports.metadata import MAX_VALUE_BYTES, MetadataStore
+from icefloe.ports.metadata import MAX_KEY_BYTES, MAX_VALUE_BYTES, MetadataStore
 from icefloe.transactions.state import Partition, TransactionState
 
 
@@ -93,7 +93,15 @@ class PendingOffsets:
             state.started_ms,
             frozenset(partitions),
         )
-        record = await self._metadata.get(_key(group_id, state.transactional_id))
+        key = _key(group_id, state.transactional_id)
+        if key is None:
+            raise KafkaError(
+                ErrorCode.invalid_request,
+                f"group id {group_id[:40]!r}… and transactional id "
+                f"{state.transactional_id[:40]!r}… are too long together: Icefloe keeps "
+                f"pending offsets under a key of at most {MAX_KEY_BYTES} bytes",
+            )
+        record = await self._metadata.get(key)
         if record is not None:
             earlier = PendingMark.decode(state.transactional_id, record.value, record.version)
             if (earlier.producer_id, earlier.epoch, earlier.started_ms) == (
@@ -117,11 +125,13 @@ class PendingOffsets:
             )
         # Unconditional: a sweep deleting a stale mark names the version it read, so it never
         # deletes this one.
-        await self._metadata.put(_key(group_id, state.transactional_id), value)
+        await self._metadata.put(key, value)
 
     async def marks(self, group_id: str) -> list[PendingMark]:
         """The group's marks, whether or not their transactions are still under way."""
         prefix = _group_prefix(group_id)
+        if len(prefix.encode()) >= MAX_KEY_BYTES:
+            return []  # no mark can have been written for so long a group id
         return [
             PendingMark.decode(_transactional_id(r.key), r.value, r.version)
             async for r in self._metadata.scan_all(prefix, prefix_end(prefix))
@@ -140,17 +150,18 @@ class PendingOffsets:
 
     async def clear(self, group_id: str, mark: PendingMark) -> bool:
         """Delete ``mark`` if its key has not changed since it was read; whether it went."""
+        key = _key(group_id, mark.transactional_id)
+        assert key is not None  # it was read
         try:
-            return await self._metadata.delete(
-                _key(group_id, mark.transactional_id), expected_version=mark.version
-            )
+            return await self._metadata.delete(key, expected_version=mark.version)
         except ConflictError:
             return False
 
     async def clear_transaction(self, group_id: str, state: TransactionState) -> None:
         """Delete the group's mark of ``state``'s transaction (whatever epoch fencing gave it
         since), and nothing newer."""
-        record = await self._metadata.get(_key(group_id, state.transactional_id))
+        key = _key(group_id, state.transactional_id)
+        record = None if key is None else await self._metadata.get(key)
         if record is None:
             return
         mark = PendingMark.decode(state.transactional_id, record.value, record.version)
@@ -162,8 +173,10 @@ def _group_prefix(group_id: str) -> str:
     return f"{TXN_PENDING_OFFSETS}{urllib.parse.quote(group_id, safe='')}/"
 
 
-def _key(group_id: str, transactional_id: str) -> str:
-    return _group_prefix(group_id) + urllib.parse.quote(transactional_id, safe="")
+def _key(group_id: str, transactional_id: str) -> str | None:
+    """The mark's key; ``None`` if the ids are too long together for a store key."""
+    key = _group_prefix(group_id) + urllib.parse.quote(transactional_id, safe="")
+    return key if len(key.encode()) <= MAX_KEY_BYTES else None
 
 
 def _transactional_id(key: str) -> str:
