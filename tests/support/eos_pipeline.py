@@ -52,6 +52,8 @@ class PipelineWorker:
         self.process: subprocess.Popen[str] | None = None
         self.killed = False
         """Killed by the test: its exit status says nothing of it."""
+        self.hung_closing = False
+        """Killed after its work was done, its client's close still waiting on the group."""
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
 
@@ -134,15 +136,23 @@ class PipelineWorker:
         assert self.process is not None
         return self.process.poll()
 
-    def stop(self, timeout: float = 120) -> int:
-        """SIGTERM: it commits its transaction, leaves the group and exits 0; its exit status."""
+    def stop(self, timeout: float = 120, closing_s: float = 30) -> int:
+        """SIGTERM: it commits its transaction, leaves the group and exits 0; its exit status.
+
+        One still in the client's close ``closing_s`` after it began is killed (-9), and
+        ``hung_closing`` says so: leaving the group is not the pipeline's work."""
         assert self.process is not None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)  # a paused member must wake to stop
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + timeout
+            while self.process.poll() is None and time.monotonic() < deadline:
+                closing = self.seen("closing")
+                if closing and time.time() - closing[0]["t"] > closing_s:
+                    self.hung_closing = True
+                    break
+                time.sleep(0.1)
+            if self.process.poll() is None:
                 self.process.kill()  # did not stop: its exit status says so
                 self.process.wait()
         if self._reader is not None:

@@ -22,7 +22,8 @@ the commit: a pause the test then ends with SIGCONT, or a kill it makes mid-tran
 
 It prints one JSON object per line: ``assigned``/``revoked``/``lost`` (partitions), ``sent``
 and ``committed`` (transaction, partitions, records), ``aborted`` (transaction, error),
-``paused``, ``new-producer`` (error), ``stopped`` (records skipped as handed out again).
+``paused``, ``new-producer`` (error), ``closing`` (done, leaving the group), ``stopped``
+(records skipped as handed out again).
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class Worker:
                 self.finish()
             if self.stop and self.txn is None:
                 break
+        emit("closing")  # its work is committed; what is left is leaving the group
         self.consumer.close()
         emit("stopped", skipped=self.skipped)
 
