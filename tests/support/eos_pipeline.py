@@ -73,9 +73,12 @@ class PipelineWorker:
     def _read(self) -> None:
         assert self.process is not None
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self._lock:
-                self.events.append(json.loads(line))
+        with self.log_path.with_suffix(".events").open("w") as kept:  # for a post-mortem
+            for line in self.process.stdout:
+                kept.write(line)
+                kept.flush()
+                with self._lock:
+                    self.events.append(json.loads(line))
 
     @property
     def pid(self) -> int:

@@ -16,11 +16,13 @@ committing the offsets it read in the same transaction, as an exactly-once appli
 - a record the client hands out again at an offset this member already passed is skipped
   (librdkafka's consumer protocol now and then does so after a reconciliation).
 
-``--pause-at produced:N`` stops the process itself (SIGSTOP) in its N-th transaction once the
-records are produced, before the offsets are sent; ``sent:N`` once the offsets are sent, before
-the commit: a pause the test then ends with SIGCONT, or a kill it makes mid-transaction.
+``--pause-at produced:N`` stops the process itself (SIGSTOP) in the N-th transaction whose
+records are produced, before the offsets are sent; ``sent:N`` in the N-th whose offsets are
+sent, before the commit: a pause the test then ends with SIGCONT, or a kill it makes
+mid-transaction.
 
-It prints one JSON object per line: ``assigned``/``revoked``/``lost`` (partitions), ``sent``
+It prints one JSON object per line: ``assigned``/``revoked``/``lost`` (partitions), ``start``
+(the first offset it reads of a partition it got), ``sent``
 and ``committed`` (transaction, partitions, records), ``aborted`` (transaction, error),
 ``paused``, ``new-producer`` (error), ``closing`` (done, leaving the group), ``stopped``
 (records skipped as handed out again).
@@ -29,13 +31,13 @@ and ``committed`` (transaction, partitions, records), ``aborted`` (transaction, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import json
 import os
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,8 +92,32 @@ class Worker:
         }
         if args.protocol == "classic":
             conf |= {"session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 500}
+        self.conf = conf
         self.consumer = Consumer(conf)
         self.producer = self.new_producer()
+        self.rewound: dict[int, int] = {}
+        """Per partition, where it was sought back to: records before the seek may still come
+        in the batch at hand, and are not the next ones."""
+        self.rejoin = False
+        self.reached: Counter[str] = Counter()
+        """How many transactions reached each step where it may pause."""
+
+    def new_consumer(self) -> None:
+        """Leave the group and join again: the partitions it gets start at the committed
+        offsets."""
+        self.consumer.close()
+        self.owned.clear()
+        self.expected.clear()
+        self.rewound.clear()
+        self.rejoin = False
+        self.consumer = Consumer(self.conf)
+        self.subscribe()
+        emit("rejoined")
+
+    def subscribe(self) -> None:
+        self.consumer.subscribe(
+            [self.args.input], on_assign=self.assigned, on_revoke=self.revoked, on_lost=self.lost
+        )
 
     def new_producer(self) -> Producer:
         producer = Producer(
@@ -108,12 +134,12 @@ class Worker:
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        self.consumer.subscribe(
-            [self.args.input], on_assign=self.assigned, on_revoke=self.revoked, on_lost=self.lost
-        )
+        self.subscribe()
         while True:
+            if self.rejoin:
+                self.new_consumer()
             for message in self.consumer.consume(100, 0.1):
-                if message.error() is None:
+                if message.error() is None and not self.rejoin:
                     self.process(message)
             txn = self.txn
             if txn is not None and (
@@ -134,6 +160,12 @@ class Worker:
         if partition not in self.owned or offset < expected:
             self.skipped += 1
             return
+        if partition not in self.expected:
+            emit("start", partition=partition, offset=offset)  # its first record here
+        if partition in self.rewound:
+            if offset != self.rewound[partition]:
+                return  # read before the rewind, handed out in the same batch: not yet
+            del self.rewound[partition]
         if self.txn is None:
             self.count += 1
             self.producer.begin_transaction()
@@ -180,9 +212,14 @@ class Worker:
             self.producer = self.new_producer()  # which aborts what is left open
         for partition, first in txn.first.items():
             if partition in self.owned:
-                self.expected[partition] = first
-                with contextlib.suppress(KafkaException):
+                self.expected[partition] = self.rewound[partition] = first
+                try:
                     self.consumer.seek(TopicPartition(self.args.input, partition, first))
+                except KafkaException as exc:
+                    # Reading on from here would lose the aborted records: join afresh, from
+                    # the group's committed offsets.
+                    emit("seek-failed", partition=partition, error=exc.args[0].name())
+                    self.rejoin = True
 
     def abort(self) -> None:
         txn = self.txn
@@ -195,7 +232,8 @@ class Worker:
         self.txn = None
 
     def pause_if(self, step: str, txn: Transaction) -> None:
-        if self.pause_at == (step, txn.number):
+        self.reached[step] += 1
+        if self.pause_at == (step, self.reached[step]):
             emit("paused", txn=txn.number, step=step, partitions=sorted(txn.next))
             os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -221,6 +259,7 @@ class Worker:
         for tp in partitions:
             self.owned.discard(tp.partition)
             self.expected.pop(tp.partition, None)
+            self.rewound.pop(tp.partition, None)
 
 
 def retry(call: Any, attempts: int = 20) -> None:
