@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -134,71 +135,87 @@ class Chaos:
 
 
 def run(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="icefloe-eos-chaos-") as folder:
-        env = dict(BROKER_ENV) | {"ICEFLOE_STORAGE__PRODUCER_LEASE_S": "3"}
-        cluster = start_icefloe(Path(folder) / "data", brokers=3, env=env, yielding=True)
-        try:
-            admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-            new = [NewTopic("chaos-in", IN_PARTITIONS), NewTopic("chaos-out", OUT_PARTITIONS)]
-            for future in admin.create_topics(new).values():
-                future.result(30)
-            chaos = Chaos(args, cluster.bootstrap, Path(folder))
-            for _ in range(3):
-                chaos.start()
-            seconds = args.minutes * 60
-            feed = InputFeed(cluster.bootstrap, "chaos-in", args.inputs, IN_PARTITIONS, seconds)
-            feed.start()
-            next_broker_kill = time.monotonic() + chaos.random.uniform(10, 15)
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                time.sleep(chaos.random.uniform(2, 5))
-                chaos.act()
-                if args.broker_kills and time.monotonic() >= next_broker_kill:
-                    victims = broker_pids(cluster)
-                    if victims:
-                        os.kill(chaos.random.choice(victims), signal.SIGKILL)
-                        chaos.faults["broker killed"] += 1
-                        chaos.say(f"a broker killed ({len(victims)} were up)")
-                    next_broker_kill = time.monotonic() + chaos.random.uniform(10, 15)
-            chaos.say("faults over; waiting for the pipeline to catch up")
-            for timer in chaos.timers:
-                timer.join()
-            while chaos.replacements:
-                chaos.start(chaos.replacements.pop())
-            feed.join()
-            if feed.error:
-                print(feed.error)
-                return 1
-            if len(chaos.live()) < 2:
-                chaos.start()
-            wait_until_consumed(cluster.bootstrap, "chaos", "chaos-in", IN_PARTITIONS, 600)
-            for worker in chaos.live():
-                worker.stop()
-            values = read_committed(cluster.bootstrap, "chaos-out", OUT_PARTITIONS, 600)
-        finally:
-            cluster.stop()
-        counted = tally(values, args.inputs)
-        endings: Counter[str] = Counter()
-        for worker in chaos.workers:
-            for event in worker.events:
-                if event["event"] in ("aborted", "new-producer"):
-                    endings[f"{event['event']} {event['error']}"] += 1
-                elif event["event"] == "committed":
-                    endings["committed"] += 1
-        summary = {
-            "protocol": args.protocol,
-            "seed": args.seed,
-            "minutes": args.minutes,
-            "inputs": args.inputs,
-            "outputs": counted.outputs,
-            "missing": len(counted.missing),
-            "repeated": len(counted.repeated),
-            "faults": dict(chaos.faults),
-            "transactions": dict(endings),
-            "elapsed_s": round(time.monotonic() - chaos.started),
-        }
-        print(json.dumps(summary))
-        return 0 if counted.exactly_once and counted.outputs == args.inputs else 1
+    folder = tempfile.mkdtemp(prefix="icefloe-eos-chaos-")
+    print(f"members' logs and events: {folder}", flush=True)
+    try:
+        return _run(args, folder)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, folder: str) -> int:
+    env = dict(BROKER_ENV) | {"ICEFLOE_STORAGE__PRODUCER_LEASE_S": "3"}
+    cluster = start_icefloe(Path(folder) / "data", brokers=3, env=env, yielding=True)
+    try:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        new = [NewTopic("chaos-in", IN_PARTITIONS), NewTopic("chaos-out", OUT_PARTITIONS)]
+        for future in admin.create_topics(new).values():
+            future.result(30)
+        chaos = Chaos(args, cluster.bootstrap, Path(folder))
+        for _ in range(3):
+            chaos.start()
+        seconds = args.minutes * 60
+        feed = InputFeed(cluster.bootstrap, "chaos-in", args.inputs, IN_PARTITIONS, seconds)
+        feed.start()
+        next_broker_kill = time.monotonic() + chaos.random.uniform(10, 15)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(chaos.random.uniform(2, 5))
+            chaos.act()
+            if args.broker_kills and time.monotonic() >= next_broker_kill:
+                victims = broker_pids(cluster)
+                if victims:
+                    os.kill(chaos.random.choice(victims), signal.SIGKILL)
+                    chaos.faults["broker killed"] += 1
+                    chaos.say(f"a broker killed ({len(victims)} were up)")
+                next_broker_kill = time.monotonic() + chaos.random.uniform(10, 15)
+        chaos.say("faults over; waiting for the pipeline to catch up")
+        for timer in chaos.timers:
+            timer.join()
+        while chaos.replacements:
+            chaos.start(chaos.replacements.pop())
+        feed.join()
+        if feed.error:
+            print(feed.error)
+            return 1
+        if len(chaos.live()) < 2:
+            chaos.start()
+        wait_until_consumed(cluster.bootstrap, "chaos", "chaos-in", IN_PARTITIONS, 600)
+        for worker in chaos.live():
+            worker.stop()
+        values = read_committed(cluster.bootstrap, "chaos-out", OUT_PARTITIONS, 600)
+    finally:
+        cluster.stop()
+    counted = tally(values, args.inputs)
+    endings: Counter[str] = Counter()
+    for worker in chaos.workers:
+        for event in worker.events:
+            if event["event"] in ("aborted", "new-producer"):
+                endings[f"{event['event']} {event['error']}"] += 1
+            elif event["event"] == "committed":
+                endings["committed"] += 1
+    summary = {
+        "protocol": args.protocol,
+        "seed": args.seed,
+        "minutes": args.minutes,
+        "inputs": args.inputs,
+        "outputs": counted.outputs,
+        "missing": len(counted.missing),
+        "repeated": len(counted.repeated),
+        "faults": dict(chaos.faults),
+        "members": len(chaos.workers),
+        "members_crashed": [
+            w.transactional_id
+            for w in chaos.workers
+            if not (w.killed or w.hung_closing) and w.exit_code() not in (0, None)
+        ],
+        "closes_outlasting_30s": sum(w.hung_closing for w in chaos.workers),
+        "transactions": dict(endings),
+        "elapsed_s": round(time.monotonic() - chaos.started),
+    }
+    print(json.dumps(summary))
+    return 0 if counted.exactly_once and counted.outputs == args.inputs else 1
 
 
 def main() -> None:
@@ -210,6 +227,7 @@ def main() -> None:
     parser.add_argument(
         "--no-broker-kills", dest="broker_kills", action="store_false", help="members only"
     )
+    parser.add_argument("--keep", action="store_true", help="keep the members' logs and events")
     sys.exit(run(parser.parse_args()))
 
 
