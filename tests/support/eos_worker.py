@@ -11,8 +11,9 @@ committing the offsets it read in the same transaction, as an exactly-once appli
 - the offsets go with the group metadata of the moment the transaction began, so a member
   fenced since (a rebalance moved its partitions while it was paused) cannot commit them;
 - a transaction is committed before its partitions are revoked, and aborted when they are lost;
-- after an abort (or a fatal error, which takes a new producer) it reads again from where the
-  aborted transaction began;
+- after an abort it reads again from where the aborted transaction began; after a fatal error
+  (or a seek the client refuses) it takes a new producer and joins the group afresh, reading
+  from the committed offsets, since it cannot tell how its transaction ended;
 - a record the client hands out again at an offset this member already passed is skipped
   (librdkafka's consumer protocol now and then does so after a reconciliation).
 
@@ -24,8 +25,8 @@ mid-transaction.
 It prints one JSON object per line: ``assigned``/``revoked``/``lost`` (partitions), ``start``
 (the first offset it reads of a partition it got), ``sent``
 and ``committed`` (transaction, partitions, records), ``aborted`` (transaction, error),
-``paused``, ``new-producer`` (error), ``closing`` (done, leaving the group), ``stopped``
-(records skipped as handed out again).
+``paused``, ``new-producer`` (error), ``seek-failed``, ``rejoined``, ``closing`` (done,
+leaving the group), ``stopped`` (records skipped as handed out again).
 """
 
 from __future__ import annotations
@@ -204,12 +205,24 @@ class Worker:
         self.txn = None
 
     def failed(self, txn: Transaction, error: KafkaError) -> None:
+        """The transaction did not commit: abort it and read its records again. A producer that
+        is fenced, or whose abort fails, cannot tell how the transaction ended (a broker may
+        have decided the commit before it died): then a new producer, and the group joined
+        afresh, reading from the committed offsets, which say."""
         if error.txn_requires_abort():
-            retry(lambda: self.producer.abort_transaction(CALL_TIMEOUT_S))
-            emit("aborted", txn=txn.number, error=error.name())
-        else:  # fatal: fenced by a newer epoch (its transaction timed out, say)
-            emit("new-producer", txn=txn.number, error=error.name())
-            self.producer = self.new_producer()  # which aborts what is left open
+            try:
+                retry(lambda: self.producer.abort_transaction(CALL_TIMEOUT_S))
+            except KafkaException as exc:
+                error = exc.args[0]
+            else:
+                emit("aborted", txn=txn.number, error=error.name())
+                self.rewind(txn)
+                return
+        emit("new-producer", txn=txn.number, error=error.name())
+        self.producer = self.new_producer()  # which ends what the old one left open
+        self.rejoin = True
+
+    def rewind(self, txn: Transaction) -> None:
         for partition, first in txn.first.items():
             if partition in self.owned:
                 self.expected[partition] = self.rewound[partition] = first
@@ -228,7 +241,9 @@ class Worker:
             retry(lambda: self.producer.abort_transaction(CALL_TIMEOUT_S))
             emit("aborted", txn=txn.number, error="partitions lost")
         except KafkaException as exc:
-            self.failed(txn, exc.args[0])
+            emit("new-producer", txn=txn.number, error=exc.args[0].name())
+            self.producer = self.new_producer()
+            self.rejoin = True
         self.txn = None
 
     def pause_if(self, step: str, txn: Transaction) -> None:
