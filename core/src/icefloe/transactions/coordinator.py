@@ -300,10 +300,11 @@ class TransactionCoordinator:
             state, version = await self._require(transactional_id, producer_id, epoch)
             if state.status is done or state.status is Status.EMPTY:
                 return  # a retry of an EndTxn that completed, or nothing to end
-            if state.status.idle and not commit:
-                # An abort of a transaction none of whose partitions or offsets reached a
-                # coordinator (its broker died first): there is nothing to abort.
-                return
+            if state.status is Status.COMPLETE_COMMIT and not commit:
+                # The last transaction committed (its EndTxn was decided by a broker that died
+                # before answering, say): answering this abort as done would have the client
+                # read its records again. Kafka answers INVALID_TXN_STATE.
+                raise _state_error(state, "abort a committed transaction")
             if state.status.preparing:
                 if state.status is not wanted:
                     raise _state_error(state, "end it the other way")
