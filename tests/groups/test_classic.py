@@ -271,6 +271,36 @@ def test_commit_rules_follow_the_generation() -> None:
     assert classic.commit_error(None, "a", None, 3) is ErrorCode.illegal_generation
 
 
+def test_transactional_commits_are_fenced_by_member_generation_and_instance() -> None:
+    g = stable_pair()
+    assert classic.txn_commit_error(g, "a", None, g.generation) is ErrorCode.none
+    assert classic.txn_commit_error(g, "a", None, g.generation - 1) is ErrorCode.illegal_generation
+    assert classic.txn_commit_error(g, "zz", None, g.generation) is ErrorCode.unknown_member_id
+    static, _ = join(None, request(instance="i1"), new_id="s1")
+    static, _ = join(static, request(instance="i1"), new_id="s2")  # the instance restarted
+    assert (
+        classic.txn_commit_error(static, "s1", "i1", static.generation)
+        is ErrorCode.fenced_instance_id
+    )
+    assert classic.txn_commit_error(static, "s2", "i1", static.generation) is ErrorCode.none
+
+
+def test_transactional_commits_naming_no_member_are_taken_in_any_state() -> None:
+    """TxnOffsetCommit before v3 names no member; a producer outside the group commits so."""
+    busy, _ = join(None, request(), new_id="a")
+    assert busy.state is ClassicState.COMPLETING_REBALANCE
+    assert classic.txn_commit_error(busy, "", None, -1) is ErrorCode.none
+    assert classic.txn_commit_error(stable_pair(), "", None, -1) is ErrorCode.none
+    assert classic.txn_commit_error(None, "", None, -1) is ErrorCode.none
+    assert classic.txn_commit_error(None, "a", None, 1) is ErrorCode.illegal_generation
+
+
+def test_a_current_member_commits_transactionally_while_the_group_rebalances() -> None:
+    g, _ = join(None, request(), new_id="a")  # CompletingRebalance
+    assert classic.commit_error(g, "a", None, g.generation) is ErrorCode.rebalance_in_progress
+    assert classic.txn_commit_error(g, "a", None, g.generation) is ErrorCode.none
+
+
 def test_commit_during_completing_rebalance_is_refused_as_rebalance_in_progress() -> None:
     g, _ = join(None, request(), new_id="a")
     assert classic.commit_error(g, "a", None, g.generation) is ErrorCode.rebalance_in_progress

@@ -234,6 +234,28 @@ def test_commit_checks_the_member_epoch() -> None:
     assert consumer.commit_error(g, "zz", 1) is ErrorCode.unknown_member_id
 
 
+def test_transactional_commits_are_fenced_by_the_member_epoch() -> None:
+    g, _ = beat(None, join("a"))
+    g, _ = beat(g, join("b"))
+    epoch = g.member("a").member_epoch  # type: ignore[union-attr]
+    assert consumer.txn_commit_error(g, "a", None, epoch) is ErrorCode.none
+    # Either side of the member's epoch is ILLEGAL_GENERATION, the error producers know.
+    assert consumer.txn_commit_error(g, "a", None, epoch - 1) is ErrorCode.illegal_generation
+    assert consumer.txn_commit_error(g, "a", None, epoch + 1) is ErrorCode.illegal_generation
+    assert consumer.txn_commit_error(g, "zz", None, epoch) is ErrorCode.unknown_member_id
+    # TxnOffsetCommit before v3 names no member; an empty group takes a commit without epoch.
+    assert consumer.txn_commit_error(g, "", None, -1) is ErrorCode.none
+    assert consumer.txn_commit_error(g, "", None, -2) is ErrorCode.unknown_member_id
+    assert consumer.txn_commit_error(ConsumerGroup("g"), "", None, -1) is ErrorCode.none
+
+
+def test_a_static_member_away_commits_nothing_transactionally() -> None:
+    g, _ = beat(None, join("a", instance_id="i1"))
+    epoch = g.member("a").member_epoch  # type: ignore[union-attr]
+    g, _ = beat(g, HeartbeatRequest(member_id="a", member_epoch=consumer.STATIC_LEAVE_EPOCH))
+    assert consumer.txn_commit_error(g, "a", "i1", epoch) is ErrorCode.illegal_generation
+
+
 def test_static_member_that_leaves_temporarily_keeps_its_partitions() -> None:
     g, _ = beat(None, join("a", instance_id="i1"))
     away = HeartbeatRequest(member_id="a", member_epoch=consumer.STATIC_LEAVE_EPOCH)

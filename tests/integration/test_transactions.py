@@ -8,7 +8,6 @@ exactly-once pipeline survives SIGKILL; the tables hold committed records only, 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -28,14 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.integration.test_compaction_clients import compacted, tables
 from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
-from tests.support.kafka_jvm import (
-    LIB,
-    LOG4J_CONFIG,
-    TRANSACTIONS,
-    KafkaTools,
-    java_executable,
-    rows,
-)
+from tests.support.kafka_jvm import TRANSACTIONS, KafkaTools, compile_java, java_executable, rows
 from tests.support.table_readers import duckdb_rows
 
 
@@ -274,16 +266,7 @@ JAVA_SOURCE = Path(__file__).parent / "java" / "EosPipeline.java"
 def test_a_java_consume_transform_produce_loop_killed_and_restarted_is_exactly_once(
     cluster: RunningIcefloe, tmp_path: Path
 ) -> None:
-    java, javac = shutil.which("java"), shutil.which("javac")
-    assert java is not None, "no JDK on PATH: run scripts/install-servers"
-    assert javac is not None, "no JDK on PATH: run scripts/install-servers"
-    compiled = subprocess.run(
-        [javac, "-cp", f"{LIB}/*", "-d", str(tmp_path), str(JAVA_SOURCE)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert compiled.returncode == 0, compiled.stderr
+    pipeline = compile_java(JAVA_SOURCE, tmp_path)
     create(cluster, "in")
     create(cluster, "out")
     inputs = [f"value-{i}" for i in range(400)]
@@ -291,8 +274,7 @@ def test_a_java_consume_transform_produce_loop_killed_and_restarted_is_exactly_o
     for i, value in enumerate(inputs):
         plain.produce("in", value.encode(), key=str(i).encode())
     assert plain.flush(30) == 0
-    command = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
-    command += ["-cp", f"{LIB}/*:{tmp_path}", "EosPipeline", cluster.bootstrap, "eos-1"]
+    command = [*pipeline, cluster.bootstrap, "eos-1"]
 
     first = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert first.stdout is not None

@@ -99,6 +99,24 @@ def _keep_archive(part: Path, archive: Path, *, complete: bool) -> None:
             part.unlink()
 
 
+def compile_java(source: Path, classes: Path) -> list[str]:
+    """Compile ``source`` against Kafka's jars into ``classes``; the command that runs its main
+    class (arguments to follow)."""
+    java = java_executable()
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.fail("`javac` is not on PATH: run scripts/install-servers, which installs a JDK")
+    compiled = subprocess.run(
+        [javac, "-cp", f"{LIB}/*", "-d", str(classes), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT_S,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    command = [java, "-Xmx256m", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
+    return [*command, "-cp", f"{LIB}/*:{classes}", source.stem]
+
+
 @dataclass(frozen=True)
 class KafkaTools:
     """Kafka's command-line tools against the cluster at ``bootstrap``."""

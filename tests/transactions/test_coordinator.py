@@ -215,3 +215,18 @@ async def test_offsets_beyond_what_one_state_can_hold_are_refused_and_the_state_
     state = await one.describe("tx")
     assert state is not None
     assert state.offsets == {}
+
+
+async def test_an_abort_of_a_transaction_that_committed_is_refused(
+    pair: tuple[TransactionCoordinator, TransactionCoordinator],
+) -> None:
+    """A client whose commit timed out (the broker that decided it died) and that aborts then
+    must not hear that its committed transaction was aborted: it would write it again."""
+    one, two = pair
+    pid, epoch = await one.init_producer_id("tx", 60_000, -1, -1)
+    await one.add_partitions("tx", pid, epoch, [("orders", 0)])
+    await one.end("tx", pid, epoch, commit=True)
+    with pytest.raises(TransactionError) as refused:
+        await two.end("tx", pid, epoch, commit=False)
+    assert refused.value.error_code is ErrorCode.invalid_txn_state
+    await two.end("tx", pid, epoch, commit=True)  # a retried commit is answered as done

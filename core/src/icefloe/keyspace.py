@@ -31,6 +31,7 @@ USERS: Final = "users/"
 ACLS: Final = "acls/"
 TRANSACTIONS: Final = "transactions/"
 TXN_OPEN: Final = "txn-open/"
+TXN_PENDING_OFFSETS: Final = "txn-pending-offsets/"
 QUOTAS: Final = "quotas/"
 SCHEMA_REGISTRY: Final = "schema-registry/"
 
@@ -233,6 +234,15 @@ KEYSPACE: Final = (
         "icefloe.storage.transactions",
         "msgpack [epoch, first offset bound, transactional id]: a transaction that may write to "
         "the stream (the last stable offset is the least bound)",
+    ),
+    Prefix(
+        "TXN_PENDING_OFFSETS",
+        TXN_PENDING_OFFSETS,
+        "txn-pending-offsets/<group id, percent-encoded>/<transactional id, percent-encoded>",
+        "icefloe.transactions.pending",
+        "msgpack [producer id, epoch, transaction start ms, {topic: [partitions]}]: partitions "
+        "whose offsets an open transaction may commit to the group (OffsetFetch with "
+        "require_stable answers UNSTABLE_OFFSET_COMMIT for them)",
     ),
     Prefix(
         "QUOTAS",

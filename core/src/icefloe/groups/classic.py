@@ -400,6 +400,32 @@ def commit_error(
     return ErrorCode.none
 
 
+def txn_commit_error(
+    group: ClassicGroup | None, member_id: str, instance_id: str | None, generation: int
+) -> ErrorCode:
+    """Whether a classic group accepts a TxnOffsetCommit (KIP-447): OffsetCommit's rules, except
+    that a request naming no member, generation or instance (TxnOffsetCommit v0-2, a producer
+    that knows nothing of the group) is accepted in any state, and that a rebalance in progress
+    refuses nothing: the transaction is what fences a commit then.
+
+    A member the group no longer knows gets UNKNOWN_MEMBER_ID, an old generation
+    ILLEGAL_GENERATION, a static instance taken over by another member FENCED_INSTANCE_ID; a
+    group that does not exist accepts only a commit without a generation.
+    """
+    if group is None:
+        return ErrorCode.none if generation < 0 else ErrorCode.illegal_generation
+    if generation < 0 and group.state is ClassicState.EMPTY:
+        return ErrorCode.none
+    if generation < 0 and not member_id and instance_id is None:
+        return ErrorCode.none
+    error = _member_error(group, member_id, instance_id)
+    if error is not None:
+        return error
+    if generation != group.generation:
+        return ErrorCode.illegal_generation
+    return ErrorCode.none
+
+
 def _member_error(group: Group | None, member_id: str, instance_id: str | None) -> ErrorCode | None:
     if not isinstance(group, ClassicGroup):
         return ErrorCode.unknown_member_id

@@ -324,6 +324,31 @@ def commit_error(group: ConsumerGroup, member_id: str, member_epoch: int) -> Err
     return ErrorCode.none
 
 
+def txn_commit_error(
+    group: ConsumerGroup, member_id: str, instance_id: str | None, member_epoch: int
+) -> ErrorCode:
+    """Whether a consumer group accepts a TxnOffsetCommit (KIP-447), whose generation field
+    carries the member epoch.
+
+    As for OffsetCommit, an empty group accepts a commit without an epoch; so does any group a
+    request that names no member, no instance and epoch -1 (TxnOffsetCommit v0-2). Otherwise
+    the member must be known and at its current epoch; any other epoch is ILLEGAL_GENERATION,
+    the error producers know for this request (Kafka answers STALE_MEMBER_EPOCH only to
+    OffsetCommit).
+    """
+    if member_epoch < 0 and not group.members:
+        return ErrorCode.none
+    if member_epoch == -1 and not member_id and instance_id is None:
+        return ErrorCode.none
+    member = group.member(member_id)
+    if member is None:
+        return ErrorCode.unknown_member_id
+    if member.left or member_epoch != member.member_epoch:
+        # A static member away (it left with epoch -2) is at no epoch a commit could carry.
+        return ErrorCode.illegal_generation
+    return ErrorCode.none
+
+
 # --- assignment -----------------------------------------------------------------------------
 
 

@@ -33,13 +33,24 @@ from typing import Final
 from kio.schema.errors import ErrorCode
 
 from icefloe.errors import ConflictError, IcefloeError, KafkaError, NotFoundError
+from icefloe.groups import classic, consumer
+from icefloe.groups.model import ClassicGroup, ConsumerGroup, Group
 from icefloe.groups.store import CommittedOffset, GroupStore
 from icefloe.keyspace import TRANSACTIONS, prefix_end
 from icefloe.ports.metadata import MAX_VALUE_BYTES, MUST_NOT_EXIST, MetadataStore
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.transactions import ABORT, COMMIT, AbortedTransaction, OpenMark, control_batch
 from icefloe.topics.registry import TopicRegistry
-from icefloe.transactions.state import MAX_EPOCH, Partition, PendingOffset, Status, TransactionState
+from icefloe.transactions.pending import PendingOffsets
+from icefloe.transactions.state import (
+    MAX_EPOCH,
+    NO_MEMBER,
+    GroupMember,
+    Partition,
+    PendingOffset,
+    Status,
+    TransactionState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +98,7 @@ class TransactionCoordinator:
         self._marks = storage.transactions
         self._topics = topics
         self._groups = groups
+        self._pending = PendingOffsets(metadata)
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -219,19 +231,66 @@ class TransactionCoordinator:
         epoch: int,
         group_id: str,
         offsets: dict[Partition, PendingOffset],
+        member: GroupMember = NO_MEMBER,
     ) -> None:
-        """Offsets a consumer group will have once the transaction commits (TxnOffsetCommit)."""
+        """Offsets a consumer group will have once the transaction commits (TxnOffsetCommit),
+        if the group still counts ``member`` in (KIP-447).
+
+        The partitions are marked pending for the group before the state holds their offsets,
+        and the member is checked again in between: a rebalance that gave the partitions to
+        another member before the mark was written is seen then and refuses the commit, and a
+        new owner that reads the group's offsets after it finds them pending
+        (UNSTABLE_OFFSET_COMMIT) until the transaction ends. Either way no member reads offsets
+        that this commit changes later.
+        """
+        state, _ = await self._require(transactional_id, producer_id, epoch)
+        _check_offsets_allowed(state, group_id)
+        await self._check_member(group_id, member)
+        await self._pending.mark(group_id, state, offsets)
+        await self._check_member(group_id, member)
 
         async def add(state: TransactionState) -> TransactionState:
-            if group_id not in state.groups:
-                raise TransactionError(
-                    ErrorCode.invalid_txn_state,
-                    f"group {group_id!r} was not added to the transaction (AddOffsetsToTxn)",
-                )
+            _check_offsets_allowed(state, group_id)
             pending = {**state.offsets.get(group_id, {}), **offsets}
             return replace(state, offsets={**state.offsets, group_id: pending})
 
         await self._change(transactional_id, producer_id, epoch, add)
+
+    async def pending_offsets(self, group_id: str) -> set[Partition]:
+        """Partitions whose offsets a transaction still under way may commit to the group."""
+        pending: set[Partition] = set()
+        for mark in await self._pending.marks(group_id):
+            stored = await self._load(mark.transactional_id)
+            if mark.of(None if stored is None else stored[0], group_id):
+                pending |= mark.partitions
+        return pending
+
+    async def _group_if_absent(self, group_id: str) -> None:
+        """An empty classic group for offsets committed without one, as Kafka makes (a
+        "simple" group, which ListGroups shows)."""
+
+        def create(group: Group | None, now: int) -> tuple[Group | None, None]:
+            return (ClassicGroup(group_id) if group is None else None), None
+
+        await self._groups.update(group_id, create)
+
+    async def _check_member(self, group_id: str, member: GroupMember) -> None:
+        stored = await self._groups.load(group_id)
+        group = None if stored is None else stored.group
+        if isinstance(group, ConsumerGroup):
+            code = consumer.txn_commit_error(
+                group, member.member_id, member.instance_id, member.generation
+            )
+        else:
+            code = classic.txn_commit_error(
+                group, member.member_id, member.instance_id, member.generation
+            )
+        if code is not ErrorCode.none:
+            raise TransactionError(
+                code,
+                f"group {group_id!r} takes no offsets from member {member.member_id!r} "
+                f"(instance {member.instance_id!r}, generation {member.generation})",
+            )
 
     async def end(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         """Commit or abort the transaction; returns once every marker is written."""
@@ -241,10 +300,11 @@ class TransactionCoordinator:
             state, version = await self._require(transactional_id, producer_id, epoch)
             if state.status is done or state.status is Status.EMPTY:
                 return  # a retry of an EndTxn that completed, or nothing to end
-            if state.status.idle and not commit:
-                # An abort of a transaction none of whose partitions or offsets reached a
-                # coordinator (its broker died first): there is nothing to abort.
-                return
+            if state.status is Status.COMPLETE_COMMIT and not commit:
+                # The last transaction committed (its EndTxn was decided by a broker that died
+                # before answering, say): answering this abort as done would have the client
+                # read its records again. Kafka answers INVALID_TXN_STATE.
+                raise _state_error(state, "abort a committed transaction")
             if state.status.preparing:
                 if state.status is not wanted:
                     raise _state_error(state, "end it the other way")
@@ -301,12 +361,16 @@ class TransactionCoordinator:
         )
         if commit:
             for group_id, offsets in state.offsets.items():
+                await self._group_if_absent(group_id)
                 when = now_ms()
                 await self._groups.commit_offsets(
                     group_id,
                     {tp: CommittedOffset(o, e, m, when) for tp, (o, e, m) in offsets.items()},
                     None,
                 )
+        # Only now are the offsets stable: a fetch that no longer finds them pending reads them.
+        for group_id in state.groups:
+            await self._pending.clear_transaction(group_id, state)
         completed = state.completed(now_ms())
         # Lost to another broker completing it (or the next instance moving on): fine either way.
         await self._store(completed, version)
@@ -356,7 +420,17 @@ class TransactionCoordinator:
                 )
                 await self._end_for_good(current, version)
                 acted += 1
-        return acted
+        return acted + await self._sweep_pending_offsets()
+
+    async def _sweep_pending_offsets(self) -> int:
+        """Delete the pending-offset marks of transactions that ended without deleting them
+        (their broker died first, or a late TxnOffsetCommit wrote one after the end)."""
+        cleared = 0
+        async for group_id, mark in self._pending.every_mark():
+            stored = await self._load(mark.transactional_id)
+            if not mark.of(None if stored is None else stored[0], group_id):
+                cleared += await self._pending.clear(group_id, mark)
+        return cleared
 
     async def _forget(self, state: TransactionState) -> int:
         stored = await self._load(state.transactional_id)
@@ -454,6 +528,19 @@ class TransactionCoordinator:
         if state.epoch + 1 <= MAX_EPOCH:
             return state.producer_id
         return await self._storage.allocate_producer_id()
+
+
+def _check_offsets_allowed(state: TransactionState, group_id: str) -> None:
+    if state.status.preparing:
+        raise TransactionError(
+            ErrorCode.concurrent_transactions,
+            f"the previous transaction of {state.transactional_id!r} is still being finished",
+        )
+    if group_id not in state.groups:
+        raise TransactionError(
+            ErrorCode.invalid_txn_state,
+            f"group {group_id!r} was not added to the transaction (AddOffsetsToTxn)",
+        )
 
 
 def _bumped(state: TransactionState, producer_id: int) -> TransactionState:

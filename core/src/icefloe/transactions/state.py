@@ -24,6 +24,20 @@ PendingOffset = tuple[int, int, str | None]
 """(offset, leader epoch, metadata) of an offset committed in a transaction."""
 
 
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """The consumer group member a TxnOffsetCommit commits for (KIP-447; versions before 3
+    name none)."""
+
+    member_id: str = ""
+    instance_id: str | None = None
+    generation: int = -1
+    """The classic group's generation, or the KIP-848 member's epoch."""
+
+
+NO_MEMBER: Final = GroupMember()
+
+
 class Status(enum.StrEnum):
     EMPTY = "Empty"
     ONGOING = "Ongoing"

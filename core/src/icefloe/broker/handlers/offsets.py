@@ -4,6 +4,8 @@ Offsets live in the metadata store (``group-offsets/<group>/<topic>/<partition>`
 survive every broker restart and any broker answers for them. A commit is checked against the
 group record (generation for classic groups, member epoch for KIP-848 groups) and, where the
 metadata store has multi-key transactions, written only if that record has not changed since.
+OffsetFetch with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for a partition whose offset
+an open transaction may still commit (:mod:`icefloe.transactions.pending`).
 """
 
 from __future__ import annotations
@@ -147,20 +149,22 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
 async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
     module = ctx.response_module()
     version = ctx.api_version
+    # v7+: the client waits for offsets a transaction may still change (KIP-447).
+    stable = bool(getattr(request, "require_stable", False))
     if version < 8:
-        return await _fetch_single(ctx, module, request)
-    groups = [await _fetch_group(ctx, module, g) for g in request.groups]
+        return await _fetch_single(ctx, module, request, stable)
+    groups = [await _fetch_group(ctx, module, g, stable) for g in request.groups]
     return make(module.OffsetFetchResponse, throttle_time=_NO_THROTTLE, groups=tuple(groups))
 
 
-async def _fetch_single(ctx: RequestContext, module: Any, request: Any) -> Any:
+async def _fetch_single(ctx: RequestContext, module: Any, request: Any, stable: bool) -> Any:
     """OffsetFetch v1-v7: one group, topics by name."""
     wanted = (
         None
         if request.topics is None
         else [(t.name, t.name, list(t.partition_indexes)) for t in request.topics]
     )
-    error, topics = await _offsets(ctx, request.group_id, None, -1, wanted, by_id=False)
+    error, topics = await _offsets(ctx, request.group_id, None, -1, wanted, False, stable)
 
     def partition(index: int, offset: CommittedOffset | None, code: ErrorCode) -> Any:
         return make(
@@ -187,7 +191,7 @@ async def _fetch_single(ctx: RequestContext, module: Any, request: Any) -> Any:
     )
 
 
-async def _fetch_group(ctx: RequestContext, module: Any, request: Any) -> Any:
+async def _fetch_group(ctx: RequestContext, module: Any, request: Any, stable: bool) -> Any:
     """One group of an OffsetFetch v8+ (topics by id from v10)."""
     by_id = ctx.api_version >= 10
     registry = ctx.broker.topics
@@ -209,6 +213,7 @@ async def _fetch_group(ctx: RequestContext, module: Any, request: Any) -> Any:
         int(getattr(request, "member_epoch", -1)),
         wanted,
         by_id,
+        stable,
     )
 
     def partition(index: int, offset: CommittedOffset | None, code: ErrorCode) -> Any:
@@ -247,11 +252,14 @@ async def _offsets(
     member_epoch: int,
     wanted: list[tuple[str | None, Any, list[int]]] | None,
     by_id: bool,
+    stable: bool,
 ) -> tuple[ErrorCode, list[tuple[str | None, Any, _Parts]]]:
     """(group error, [(topic name, topic key as requested, partitions)]) for a fetch.
 
     ``wanted`` None means every committed offset of the group; a name of None is an unknown
-    topic id, answered UNKNOWN_TOPIC_ID.
+    topic id, answered UNKNOWN_TOPIC_ID. With ``stable``, a partition whose offset an open
+    transaction may still commit is answered UNSTABLE_OFFSET_COMMIT (no offset), which clients
+    retry until the transaction ends.
     """
     if not group_id:
         return ErrorCode.invalid_group_id, []
@@ -267,12 +275,15 @@ async def _offsets(
             error = consumer.commit_error(group, member_id, member_epoch)
             if error is not ErrorCode.none:
                 return error, []
+        # Pending offsets before committed ones: a transaction that ends in between has
+        # applied its offsets before it stopped being pending, so this read sees them.
+        pending = await ctx.broker.transactions.pending_offsets(group_id) if stable else set()
         if wanted is None:
             committed = await store.fetch_offsets(group_id)
             by_topic: dict[str, _Parts] = {}
             for (topic, p), offset in sorted(committed.items()):
                 if _may_describe_topic(ctx, topic):  # others' offsets stay unseen, as in Kafka
-                    by_topic.setdefault(topic, []).append((p, offset, ErrorCode.none))
+                    by_topic.setdefault(topic, []).append(_answer(topic, p, offset, pending))
             out: list[tuple[str | None, Any, _Parts]] = []
             for topic, parts in by_topic.items():
                 key: Any = topic
@@ -296,11 +307,19 @@ async def _offsets(
             return p, None, ErrorCode.unknown_topic_id
         if name not in visible:
             return p, None, ErrorCode.topic_authorization_failed
-        return p, committed.get((name, p)), ErrorCode.none
+        return _answer(name, p, committed.get((name, p)), pending)
 
     return ErrorCode.none, [
         (name, key, [fetched(name, p) for p in parts]) for name, key, parts in wanted
     ]
+
+
+def _answer(
+    topic: str, partition: int, offset: CommittedOffset | None, pending: set[tuple[str, int]]
+) -> tuple[int, CommittedOffset | None, ErrorCode]:
+    if (topic, partition) in pending:
+        return partition, None, ErrorCode.unstable_offset_commit
+    return partition, offset, ErrorCode.none
 
 
 # --- OffsetDelete ---------------------------------------------------------------------------

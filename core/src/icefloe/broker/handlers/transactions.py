@@ -3,6 +3,9 @@ DescribeTransactions and ListTransactions, answered by :mod:`icefloe.transaction
 on whichever broker the client reaches (InitProducerId and FindCoordinator, which transactions
 share with idempotent producers and groups, live with those).
 
+TxnOffsetCommit (v3+) names the consumer group member the offsets come from, and the group
+refuses a member a rebalance left behind (KIP-447), as Kafka's group coordinator does.
+
 AddPartitionsToTxn is served in its client versions (0–3): from v4 on it is the brokers'
 verification call of KIP-890, which Icefloe's produce path does not need (Produce checks the
 partition's open transaction itself). ListTransactions is served up to v1: v2's transactional
@@ -23,7 +26,7 @@ from icefloe.broker.protocol import make
 from icefloe.broker.server import RequestContext
 from icefloe.errors import IcefloeError, KafkaError
 from icefloe.security.acls import Operation, ResourceType
-from icefloe.transactions.state import PendingOffset, Status
+from icefloe.transactions.state import GroupMember, PendingOffset, Status
 
 _NO_THROTTLE = datetime.timedelta(0)
 T = TypeVar("T")
@@ -117,20 +120,22 @@ async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
         for t in request.topics
         for p in t.partitions
     }
-    max_metadata = ctx.broker.groups.options.offset_metadata_max_bytes
+    # v3+ names the consumer group member the offsets come from (KIP-447); earlier versions
+    # name none, which the group accepts as it would a producer outside the group.
+    member = GroupMember(
+        getattr(request, "member_id", ""),
+        getattr(request, "group_instance_id", None),
+        int(getattr(request, "generation_id", -1)),
+    )
     if not may_write(ctx, request.transactional_id):
         errors = dict.fromkeys(wanted, ErrorCode.transactional_id_authorization_failed)
     elif not ctx.allows(Operation.READ, ResourceType.GROUP, request.group_id):
         errors = dict.fromkeys(wanted, ErrorCode.group_authorization_failed)
+    elif not request.group_id:
+        errors = dict.fromkeys(wanted, ErrorCode.invalid_group_id)
     else:
-        errors = {
-            tp: ErrorCode.topic_authorization_failed
-            if not ctx.allows(Operation.READ, ResourceType.TOPIC, tp[0])
-            else ErrorCode.offset_metadata_too_large
-            if metadata is not None and len(metadata.encode()) > max_metadata
-            else ErrorCode.none
-            for tp, (_, _, metadata) in wanted.items()
-        }
+        code, checked = await outcome(_partition_errors(ctx, wanted))
+        errors = checked if checked is not None else dict.fromkeys(wanted, code)
         accepted = {tp: o for tp, o in wanted.items() if errors[tp] is ErrorCode.none}
         if accepted:
             code, _ = await outcome(
@@ -140,6 +145,7 @@ async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
                     request.producer_epoch,
                     request.group_id,
                     accepted,
+                    member,
                 )
             )
             errors.update(dict.fromkeys(accepted, code))
@@ -158,6 +164,26 @@ async def handle_txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
             for topic, parts in by_topic.items()
         ),
     )
+
+
+async def _partition_errors(
+    ctx: RequestContext, wanted: dict[tuple[str, int], PendingOffset]
+) -> dict[tuple[str, int], ErrorCode]:
+    """What each partition's offset is refused for before the group is asked, as Kafka does."""
+    max_metadata = ctx.broker.groups.options.offset_metadata_max_bytes
+    errors = {}
+    for (topic, partition), (_, _, metadata) in wanted.items():
+        if not ctx.allows(Operation.READ, ResourceType.TOPIC, topic):
+            errors[(topic, partition)] = ErrorCode.topic_authorization_failed
+            continue
+        found = await ctx.broker.topics.get(topic)
+        if found is None or not 0 <= partition < found.partitions:
+            errors[(topic, partition)] = ErrorCode.unknown_topic_or_partition
+        elif metadata is not None and len(metadata.encode()) > max_metadata:
+            errors[(topic, partition)] = ErrorCode.offset_metadata_too_large
+        else:
+            errors[(topic, partition)] = ErrorCode.none
+    return errors
 
 
 async def handle_end_txn(ctx: RequestContext, request: Any) -> Any:
