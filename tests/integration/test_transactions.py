@@ -414,3 +414,50 @@ def _commit(producer: Producer) -> bool:
                 return False
             raise
     raise AssertionError("commit kept failing")
+
+
+def test_a_range_holding_only_an_aborted_transaction_is_compacted_and_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    """Its records and marker leave no rows: no table is handed an empty file (Iceberg
+    refuses one), so both tables stay at one commit, the partition keeps every offset, and
+    the next records of the topic and of other topics still reach the tables."""
+    data = tmp_path / "data"
+    running = start_icefloe(data, env={"ICEFLOE_COMPACTOR__ENABLED": "false"})
+    try:
+        create(running, "voided", partitions=1)
+        create(running, "beside", partitions=1)
+        producer = transactional(running, "voided-writer")
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce("voided", f"void-{i}".encode(), partition=0)
+        assert producer.flush(30) == 0  # in the log before the abort, not purged by it
+        producer.abort_transaction(30)
+        plain = Producer({"bootstrap.servers": running.bootstrap})
+        plain.produce("beside", b"kept", partition=0)
+        assert plain.flush(30) == 0
+    finally:
+        assert running.stop() == 0
+
+    running = compacted(data)  # on main, the compactor's process died on the empty file
+    try:
+        assert read_all(running, "voided", "read_committed", partitions=1) == []
+        assert read_all(running, "voided", "read_uncommitted", partitions=1) == []
+        plain = Producer({"bootstrap.servers": running.bootstrap})
+        plain.produce("voided", b"after", partition=0)
+        assert plain.flush(30) == 0
+        deadline = time.monotonic() + 120
+        while not all(row["lag_records"] == 0 for row in tables(running)):
+            assert time.monotonic() < deadline, "compaction did not catch up"
+            time.sleep(0.5)
+        assert read_all(running, "voided", "read_committed", partitions=1) == [b"after"]
+        rows = {(row["topic"], row["format"]): row for row in tables(running)}
+    finally:
+        assert running.stop() == 0
+    for topic, expected in (("voided", [b"after"]), ("beside", [b"kept"])):
+        delta, iceberg = rows[(topic, "delta")], rows[(topic, "iceberg")]
+        assert delta["commit"] == iceberg["commit"]  # the formats at the same commit
+        assert delta["files"] == iceberg["files"] == 1
+        values = duckdb_rows(f"delta_scan('{delta['location']}')")
+        assert [row[3] for row in values] == expected
+        assert [row[1] for row in values] == ([6] if topic == "voided" else [0])

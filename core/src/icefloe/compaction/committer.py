@@ -31,6 +31,12 @@ The index swap keeps readers whole: the new Parquet entry is written under the k
 *last* entry it replaces (same end offset and cumulative size), then the other entries are
 deleted from the last to the first, so a look-up always finds an entry holding its offset.
 
+A range that keeps no rows (only an aborted transaction and markers, say) still becomes a data
+file without rows, so that its offsets stay held by an index entry that reads as nothing; the
+tables never get such a file (Iceberg refuses one: a file's partition comes from its rows), nor
+a commit for a topic whose run wrote only such files. A rewrite that merges it retires it like
+any other file; the tables, which never had it, are not asked to remove it.
+
 A data file that a rewrite or an expiry took out of the tables and the index is *retired*, not
 deleted: a reader may still hold its old index entry, and older table snapshots still
 reference it. The retirement record (``compaction/retired/…``) is written before the task
@@ -311,7 +317,7 @@ class Committer:
             if record.state is SagaState.PLANNED:
                 assert files is not None
                 record.files = files
-                changed = {f.stream_id for f in files} | {
+                changed = {f.stream_id for f in files if f.record_count} | {
                     s.stream_id for s in record.streams if s.retired
                 }
                 record.sequences = {
@@ -376,6 +382,8 @@ class Committer:
         now_ms = int(time.time() * 1000)
         for f in record.files:
             stream = stream_of[f.stream_id]
+            if not f.record_count:
+                continue  # the index's alone (module docstring)
             added[stream.topic].append(
                 DataFile(
                     layout.relative_path(stream.topic, f.path),
