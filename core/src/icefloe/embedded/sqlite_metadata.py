@@ -621,6 +621,7 @@ class _SqliteSession(Session):
         self._store = store
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed = False
+        self.renewed_at = time.monotonic()  # the row was written before: a safe bound
 
     @property
     def lost(self) -> asyncio.Future[None]:
@@ -983,19 +984,29 @@ class SqliteMetadataStore(MetadataStore):
         while session.alive:
             # On a clock shared by the store's sessions: those of one TTL renew at the same
             # moment, and so in one group commit, rather than each with its own write.
-            await asyncio.sleep(period - time.monotonic() % period)
+            await asyncio.sleep(
+                max(0.0, min(period - time.monotonic() % period, session.remaining()))
+            )
+            sent = time.monotonic()
             try:
-                alive = await self._write(self._db.refresh_session, session.id, session.ttl)
+                async with asyncio.timeout(max(0.0, session.remaining())):
+                    alive = await self._write(self._db.refresh_session, session.id, session.ttl)
             except ClosedError:
                 return
-            except StorageError as exc:
-                # Keep trying: if the database stays unreachable past the deadline, the next
-                # successful refresh finds the session expired and reports it lost.
+            except (StorageError, TimeoutError) as exc:
+                # Keep trying until the deadline: past it, another process may have reaped the
+                # session (a database locked that long, or this process stopped).
+                if session.remaining() <= 0:
+                    _log.warning("session %s: no heartbeat for its ttl (%r)", session.id, exc)
+                    session.expire()
+                    return
                 _log.warning("heartbeat of session %s failed: %s", session.id, exc)
                 continue
             if not alive:
                 _log.warning("session %s expired before its heartbeat could renew it", session.id)
                 session.expire()
+            else:
+                session.renewed_at = sent
 
     async def _end_session(self, session: _SqliteSession) -> None:
         if session.closed:

@@ -46,7 +46,11 @@ Sessions
     written with ``session=`` are ephemeral: they are deleted when the session is closed or,
     if its holder dies or stalls, within ``ttl`` seconds plus the adapter's reaping delay.
     Writing an ephemeral key again without ``session=`` makes it permanent.
-    ``Session.lost`` completes when the adapter learns the session expired.
+    ``Session.lost`` completes when the adapter learns the session expired, and at the latest
+    ``ttl`` seconds after the last keep-alive the server answered was *sent*
+    (``Session.renewed_at``): past that the server may have expired it, so a holder must not
+    go on acting on it. A holder that must stop before anyone else can take over (a leader)
+    stops earlier, at :meth:`Session.holds_until`.
 
 Capabilities
     ``MULTI_KEY_TRANSACTION``: :meth:`MetadataStore.transact` applies checks and writes on
@@ -228,6 +232,19 @@ class Session(abc.ABC):
 
     id: str
     ttl: float
+    renewed_at: float
+    """When (``time.monotonic()``) the last keep-alive the server answered was sent, or the
+    session was opened: the server holds the session until ``renewed_at + ttl`` at least."""
+
+    def holds_until(self, fraction: float = 1.0) -> float:
+        """The ``time.monotonic()`` until which this holder knows the session holds, with only
+        ``fraction`` of the ttl counted (a margin for the clocks' rates and a write under way)."""
+        return self.renewed_at + self.ttl * fraction
+
+    def remaining(self) -> float:
+        """Seconds left before the session may have expired on the server (``<= 0``: it may
+        have); adapters bound their keep-alives by it."""
+        return self.holds_until() - time.monotonic()
 
     @property
     @abc.abstractmethod

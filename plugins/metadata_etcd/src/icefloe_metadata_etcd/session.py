@@ -2,8 +2,10 @@
 
 etcd lease TTLs are whole seconds with a server minimum (about 2 s with default election
 settings): the lease is granted for ``ceil(ttl)`` and etcd may raise it. The session reports
-itself lost when etcd answers a keep-alive with TTL 0 (the lease is gone), or when no keep-alive
-has succeeded for the granted TTL: by then etcd may have expired it.
+itself lost when etcd answers a keep-alive with TTL 0 (the lease is gone), or once the granted
+TTL has passed since the last keep-alive etcd answered was *sent*: etcd may have expired it by
+then. A keep-alive that etcd does not answer (a paused or restarting server) is given up at
+that moment, not after the connection's timeout, so the loss is reported on time.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class EtcdSession(Session):
         self.ttl = ttl
         self._connection = connection
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._last_renewal = time.monotonic()
+        self.renewed_at = time.monotonic()  # the grant was sent earlier: a safe bound
         self._keep_alive = asyncio.get_running_loop().create_task(
             self._keep_alive_forever(), name=f"icefloe-etcd-lease-{self.id}"
         )
@@ -62,19 +64,20 @@ class EtcdSession(Session):
         stream: Any = None
         try:
             while self.alive:
-                await asyncio.sleep(self.ttl / 3)
-                if time.monotonic() - self._last_renewal > self.ttl:
+                await asyncio.sleep(max(0.0, min(self.ttl / 3, self.remaining())))
+                if self.remaining() <= 0:
                     _log.warning(
                         "etcd lease %s: no renewal for its ttl; reporting it lost", self.id
                     )
                     self.expire()
                     return
+                sent = time.monotonic()
                 try:
                     if stream is None:
                         stream = self._connection.leases.LeaseKeepAlive(
                             metadata=self._connection.metadata
                         )
-                    async with asyncio.timeout(self._connection.timeout):
+                    async with asyncio.timeout(min(self._connection.timeout, self.remaining())):
                         await stream.write(rpc.LeaseKeepAliveRequest(ID=self.lease_id))
                         response = await stream.read()
                 except (grpc.aio.AioRpcError, TimeoutError) as exc:
@@ -90,7 +93,13 @@ class EtcdSession(Session):
                     _log.warning("etcd lease %s has expired", self.id)
                     self.expire()
                     return
-                self._last_renewal = time.monotonic()
+                if self.remaining() <= 0:
+                    # Answered too late: etcd (restarted, say) may have let the lease go and
+                    # another holder taken its keys meanwhile; a lost session stays lost.
+                    _log.warning("etcd lease %s renewed past its ttl; reporting it lost", self.id)
+                    self.expire()
+                    return
+                self.renewed_at = sent
         finally:
             if stream is not None:
                 stream.cancel()
