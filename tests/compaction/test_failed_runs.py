@@ -7,7 +7,6 @@ though a later run of its topic overtook its commit sequence meanwhile."""
 from __future__ import annotations
 
 import asyncio
-
 from pathlib import Path
 from typing import Any
 
