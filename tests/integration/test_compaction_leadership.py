@@ -1,10 +1,13 @@
 """The compaction leader is fenced through metadata-store outages.
 
-A session whose server stops answering is reported lost within its ttl of the last
-keep-alive the server answered, on etcd and on Oxia. Two brokers on etcd under a steady
-produce load, etcd paused past the compaction lease (SIGSTOP) or killed (SIGKILL) and started
-again: at no time do two compactors lead in overlapping terms, no conflict loops, and within a
-minute of the fault both tables hold every acknowledged record exactly once.
+Sessions: one whose server stops answering is reported lost within its ttl of the last
+keep-alive the server answered; one whose server answers slowly, but in time, keeps proving
+the leader's lease; an etcd session counts its ttl from when it was asked for.
+
+Two brokers on etcd under a steady produce load, etcd paused past the compaction lease
+(SIGSTOP) or killed (SIGKILL) and started again: at no time do two compactors lead in
+overlapping terms, no conflict loops, and within a minute of the fault both tables hold every
+acknowledged record exactly once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from icefloe.config import load_config
+from icefloe.compaction.leadership import Lease
 from icefloe.storage.engine import StreamStorage
 from tests.support.broker import start_icefloe
 from tests.support.metadata_servers import MetadataServer, start_etcd, start_oxia
@@ -33,24 +36,25 @@ from tests.support.tables_cli import tables_json
 TTL_S = 3.0
 LATE_S = 0.5
 """How late after the ttl a loss may be reported: the event loop's scheduling, nothing more."""
+SLOW_S = 0.8
+"""How long each keep-alive may wait for a server that stops and goes on by turns: more than
+a sixth of the ttl, less than a third."""
+
+
+def _server(backend: str, workdir: Path) -> MetadataServer:
+    return start_etcd(workdir) if backend == "etcd" else start_oxia(workdir)
+
+
+# --- sessions -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("backend", ["etcd", "oxia"])
 async def test_a_session_whose_server_stops_answering_is_lost_within_its_ttl(
     backend: str, tmp_path: Path
 ) -> None:
-    server = start_etcd(tmp_path) if backend == "etcd" else start_oxia(tmp_path)
+    server = _server(backend, tmp_path)
     try:
-        options = (
-            server.etcd_options("lease") if backend == "etcd" else server.oxia_options("lease")
-        )
-        config = load_config(
-            env={},
-            overrides={
-                "data_dir": str(tmp_path),
-                "metadata": {"backend": backend, backend: options},
-            },
-        )
+        config = server.config(tmp_path, "lease")
         async with await StreamStorage.open(config) as storage:
             session = await storage.metadata.open_session(TTL_S)
             await asyncio.sleep(TTL_S / 2)  # a keep-alive has been answered
@@ -66,6 +70,66 @@ async def test_a_session_whose_server_stops_answering_is_lost_within_its_ttl(
             assert lost_after <= session.ttl + LATE_S, f"reported lost {lost_after:.1f} s later"
             await session.close()
     finally:
+        server.process.stop()
+
+
+@pytest.mark.parametrize("backend", ["etcd", "oxia"])
+async def test_a_leader_keeps_proving_its_lease_while_the_server_answers_in_time(
+    backend: str, tmp_path: Path
+) -> None:
+    """The server stops and goes on by turns, each keep-alive answered within a third of the
+    ttl, so the session never comes near expiring: the leader must never have to stop."""
+    server = _server(backend, tmp_path)
+    try:
+        config = server.config(tmp_path, "slow")
+        async with await StreamStorage.open(config) as storage:
+            session = await storage.metadata.open_session(TTL_S)
+            assert session.ttl == TTL_S
+            lease = Lease(session, 1)
+            least = float("inf")
+            for _ in range(5):
+                server.process.pause()
+                least = min(least, await _least_margin(lease, SLOW_S))
+                server.process.resume()
+                least = min(least, await _least_margin(lease, SLOW_S))
+            assert session.alive
+            assert least > 0, f"the leader would have stopped ({-least:.2f} s past its deadline)"
+            await session.close()
+    finally:
+        server.process.resume()
+        server.process.stop()
+
+
+async def _least_margin(lease: Lease, seconds: float) -> float:
+    """The least time left before ``lease``'s deadline over the next ``seconds``."""
+    least = float("inf")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        least = min(least, lease.deadline() - time.monotonic())
+        await asyncio.sleep(0.02)
+    return least
+
+
+async def test_an_etcd_session_counts_its_ttl_from_when_the_lease_was_asked_for(
+    tmp_path: Path,
+) -> None:
+    """etcd counts a lease's ttl from when it grants it: a grant answered late must not
+    lengthen what the holder believes it holds."""
+    server = start_etcd(tmp_path)
+    try:
+        config = server.config(tmp_path, "grant")
+        async with await StreamStorage.open(config) as storage:
+            server.process.pause()
+            asked = time.monotonic()
+            opening = asyncio.create_task(storage.metadata.open_session(TTL_S))
+            await asyncio.sleep(1.0)  # the grant waits for etcd
+            server.process.resume()
+            session = await opening
+            assert time.monotonic() - asked >= 1.0
+            assert session.renewed_at <= asked + 0.5, "the ttl counted from the late answer"
+            await session.close()
+    finally:
+        server.process.resume()
         server.process.stop()
 
 

@@ -30,26 +30,30 @@ _log = logging.getLogger(__name__)
 class EtcdSession(Session):
     """An etcd lease; ``ttl`` is what etcd granted."""
 
-    def __init__(self, connection: EtcdConnection, lease_id: int, ttl: float) -> None:
-        """Use :meth:`open`."""
+    def __init__(
+        self, connection: EtcdConnection, lease_id: int, ttl: float, granted_at: float
+    ) -> None:
+        """Use :meth:`open`; ``granted_at`` is when the grant was asked for."""
         self.lease_id = lease_id
         self.id = f"{lease_id:x}"
         self.ttl = ttl
         self._connection = connection
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.renewed_at = time.monotonic()  # the grant was sent earlier: a safe bound
+        # etcd counts the ttl from when it granted the lease, after it was asked for.
+        self.renewed_at = granted_at
         self._keep_alive = asyncio.get_running_loop().create_task(
             self._keep_alive_forever(), name=f"icefloe-etcd-lease-{self.id}"
         )
 
     @classmethod
     async def open(cls, connection: EtcdConnection, ttl: float) -> EtcdSession:
+        asked = time.monotonic()
         response = await connection.call(
             connection.leases.LeaseGrant,
             rpc.LeaseGrantRequest(TTL=math.ceil(ttl)),
             "grant lease",
         )
-        return cls(connection, response.ID, float(response.TTL))
+        return cls(connection, response.ID, float(response.TTL), asked)
 
     @property
     def lost(self) -> asyncio.Future[None]:
@@ -62,9 +66,10 @@ class EtcdSession(Session):
 
     async def _keep_alive_forever(self) -> None:
         stream: Any = None
+        sent = self.renewed_at
         try:
             while self.alive:
-                await asyncio.sleep(max(0.0, min(self.ttl / 3, self.remaining())))
+                await asyncio.sleep(self.until_keep_alive(sent))
                 if self.remaining() <= 0:
                     _log.warning(
                         "etcd lease %s: no renewal for its ttl; reporting it lost", self.id

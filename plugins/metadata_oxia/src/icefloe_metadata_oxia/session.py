@@ -89,9 +89,10 @@ class OxiaSession(Session):
             self._lost.set_result(None)
 
     async def _heartbeat_forever(self) -> None:
-        # Three beats per timeout: one lost beat is not yet an expiry.
+        # Several beats per timeout (the port's cadence): one lost beat is not yet an expiry.
+        sent = self.renewed_at
         while self.alive:
-            await asyncio.sleep(max(0.0, min(self.ttl / 3, self.remaining())))
+            await asyncio.sleep(self.until_keep_alive(sent))
             sent = time.monotonic()
             try:
                 async with asyncio.timeout(max(0.0, self.remaining())):
