@@ -2,7 +2,8 @@
 
 Sessions: one whose server stops answering is reported lost within its ttl of the last
 keep-alive the server answered; one whose server answers slowly, but in time, keeps proving
-the leader's lease; an etcd session counts its ttl from when it was asked for.
+the leader's lease; an etcd session counts its ttl from when it was asked for, and goes on
+after etcd is killed and started again.
 
 Two brokers on etcd under a steady produce load, etcd paused past the compaction lease
 (SIGSTOP) or killed (SIGKILL) and started again: at no time do two compactors lead in
@@ -39,6 +40,10 @@ LATE_S = 0.5
 SLOW_S = 0.8
 """How long each keep-alive may wait for a server that stops and goes on by turns: more than
 a sixth of the ttl, less than a third."""
+RESTART_TTL_S = 6.0
+"""Long enough for etcd to start again before the lease it keeps expires, on most days."""
+RESTART_S = 2.0
+"""Time enough for a keep-alive on a new stream once etcd answers again."""
 
 
 def _server(backend: str, workdir: Path) -> MetadataServer:
@@ -130,6 +135,40 @@ async def test_an_etcd_session_counts_its_ttl_from_when_the_lease_was_asked_for(
             await session.close()
     finally:
         server.process.resume()
+        server.process.stop()
+
+
+async def test_an_etcd_session_goes_on_after_etcd_is_killed_and_started_again(
+    tmp_path: Path,
+) -> None:
+    """etcd keeps its leases through a restart; the session's keep-alive stream does not
+    survive it. The session must renew its lease on a new stream, or report itself lost if
+    etcd came back too late: it must never go on unrenewed, its holder unaware."""
+    server = start_etcd(tmp_path)
+    try:
+        config = server.config(tmp_path, "restart")
+        async with await StreamStorage.open(config) as storage:
+            session = await storage.metadata.open_session(RESTART_TTL_S)
+            await asyncio.sleep(RESTART_TTL_S / 2)  # keep-alives go over their stream
+            last = session.renewed_at
+            for _ in range(1000):  # until the next keep-alive is answered
+                if session.renewed_at != last:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # killed between two keep-alives: the stream is idle
+            last, killed_at = session.renewed_at, time.monotonic()
+            assert server.process.kill() == -signal.SIGKILL
+            await asyncio.to_thread(server.process.start)
+            back_at = time.monotonic()
+            while session.alive and session.renewed_at == last:
+                assert time.monotonic() < last + session.ttl + LATE_S, "neither renewed nor lost"
+                await asyncio.sleep(0.05)
+            if session.alive:
+                assert session.renewed_at > killed_at, "renewed by no keep-alive after the restart"
+            else:  # etcd came back too late for a keep-alive to go through in time
+                assert back_at > last + session.ttl - RESTART_S, "lost though etcd kept the lease"
+            await session.close()
+    finally:
         server.process.stop()
 
 

@@ -5,7 +5,10 @@ settings): the lease is granted for ``ceil(ttl)`` and etcd may raise it. The ses
 itself lost when etcd answers a keep-alive with TTL 0 (the lease is gone), or once the granted
 TTL has passed since the last keep-alive etcd answered was *sent*: etcd may have expired it by
 then. A keep-alive that etcd does not answer (a paused or restarting server) is given up at
-that moment, not after the connection's timeout, so the loss is reported on time.
+that moment, not after the connection's timeout, so the loss is reported on time. A keep-alive
+stream that ended (etcd went away between two keep-alives) is replaced by a new one; and if
+the keep-alives stop for any other reason, the session is reported lost, never left to run
+out unnoticed.
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ class EtcdSession(Session):
                     async with asyncio.timeout(min(self._connection.timeout, self.remaining())):
                         await stream.write(rpc.LeaseKeepAliveRequest(ID=self.lease_id))
                         response = await stream.read()
-                except (grpc.aio.AioRpcError, TimeoutError) as exc:
+                except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
+                    # InvalidStateError: the stream ended between two keep-alives (etcd went
+                    # away); a new one is opened for the next.
                     _log.info("etcd lease %s keep-alive failed: %r", self.id, exc)
                     if stream is not None:
                         stream.cancel()
@@ -105,6 +110,9 @@ class EtcdSession(Session):
                     self.expire()
                     return
                 self.renewed_at = sent
+        except Exception:  # noqa: BLE001 - whatever stopped them, the holder must hear of it
+            _log.exception("etcd lease %s: keep-alives stopped; reporting it lost", self.id)
+            self.expire()
         finally:
             if stream is not None:
                 stream.cancel()
