@@ -17,6 +17,7 @@ import click
 from icefloe.cli import data_dir
 from icefloe.cli.data_dir import data_dir_option
 from icefloe.compaction.committer import TaskRecord
+from icefloe.compaction.leadership import UNLEADED, Lease
 from icefloe.compaction.service import LEADER_KEY, Compactor, Progress
 from icefloe.errors import (
     AlreadyExistsError,
@@ -203,17 +204,25 @@ def maintain(ctx: click.Context) -> None:
 
 @asynccontextmanager
 async def _leading(compactor: Compactor) -> AsyncIterator[None]:
-    """Hold the compaction leadership for the block, or refuse if a broker holds it."""
+    """Hold the compaction leadership for the block, or refuse if a broker holds it. The
+    command's steps are fenced by its lease as a broker's are (:mod:`icefloe.compaction.
+    leadership`): if the metadata store stops answering, it stops before a broker can lead."""
     metadata = compactor.storage.metadata
     async with await metadata.open_session(10.0) as session:
         try:
-            await metadata.put(LEADER_KEY, b"cli", expected_version=MUST_NOT_EXIST, session=session)
+            won = await metadata.put(
+                LEADER_KEY, b"cli", expected_version=MUST_NOT_EXIST, session=session
+            )
         except AlreadyExistsError:
             raise IcefloeError(
                 "a running broker leads compaction; stop `icefloe serve` first, or let it "
                 "compact (it runs every [compactor] interval_s)"
             ) from None
-        yield
+        compactor.committer.lease = Lease(session, won.version)
+        try:
+            yield
+        finally:
+            compactor.committer.lease = UNLEADED
 
 
 @click.group(invoke_without_command=True)

@@ -39,8 +39,7 @@ already is skipped, and a topic whose sequence a later run of it passed in a for
 new sequence first (:meth:`Committer._commit_topic`).
 
 Each record carries the term of the leader that wrote it last (:mod:`.leadership`); a new
-leader claims every unfinished record before it acts on it, and drops the ``planned`` ones of
-an older term (nothing irreversible happened in them), so that an old leader's late step
+leader claims every unfinished record before it acts on it, so that an old leader's late step
 fails on the record's version.
 
 The index swap keeps readers whole: the new Parquet entry is written under the key of the
@@ -424,29 +423,33 @@ class Committer:
             record.state = SagaState.SWAPPED
         return record
 
-    async def claim(self, record: TaskRecord) -> TaskRecord | None:
-        """Make an unfinished run this leader's (its term in the record, by compare-and-set),
-        so that a step of the leader that wrote it last fails; a ``planned`` run of another
-        term is dropped instead (``None``), since its leader may still have it under way, and
-        nothing it did cannot be done again."""
-        if record.term == self.lease.term:
-            return record
-        if record.state is SagaState.PLANNED:
-            self.lease.check()
-            await self._metadata.delete(record.key, expected_version=record.version)
-            log.info("dropped run %s planned by the leader of term %d", record.run_id, record.term)
-            return None
-        await self._save(record)
+    async def claim(self, record: TaskRecord) -> TaskRecord:
+        """Make an unfinished run this leader's: its term in the record, by compare-and-set,
+        so that a step the leader that wrote it last still has under way fails on the
+        record's version. What that leader did already is done again or skipped: a task
+        writes the same files, a table skips a sequence it has.
+
+        Raises:
+            ConflictError: the record changed since it was read.
+        """
+        if record.term != self.lease.term:
+            term = record.term
+            await self._save(record)
+            log.info("run %s of the leader of term %d taken over", record.run_id, term)
         return record
 
     async def note_failure(self, record: TaskRecord, error: BaseException) -> TaskRecord | None:
         """Count a failed try of ``record`` in its stored record, setting it aside after
         :data:`SET_ASIDE_AFTER` in a row; the record as stored now (``None``: gone, finished
-        or split up meanwhile)."""
+        or split up meanwhile, or taken over by another leader)."""
         current = await self._metadata.get(record.key)
         if current is None:
             return None
         stored = TaskRecord.decode(current)
+        if stored.term != self.lease.term:
+            # Another leader took the run over (which is what made this try fail): it is
+            # that leader's now, and written in this term it would be taken back from it.
+            return None
         stored.failures += 1
         stored.error = _one_line(error)
         if stored.failures >= SET_ASIDE_AFTER:

@@ -5,12 +5,15 @@ can prove the session holds: until :data:`LEAD_FRACTION` of the ttl has passed s
 keep-alive the store answered was sent (:meth:`Session.holds_until`), well before the store may
 expire the session and let another broker take the key. The leader checks that before every
 step of the saga and a watchdog cancels its round the moment it passes, whether or not the
-adapter has noticed yet that the session is lost.
+adapter has noticed yet that the session is lost. If a keep-alive is answered after all before
+the session is lost, the session held throughout (nobody else can have taken the key), and the
+leader goes on in the same term.
 
 The *term* is the version the leader key got when this leader wrote it: it grows with every
 election. Each saga record carries the term of the leader that last wrote it, and a new leader
 first claims each unfinished record by compare-and-set (:meth:`Committer.claim`), so a step an
-older leader still had under way fails instead of overwriting it.
+older leader still had under way fails instead of overwriting it, and the older leader does
+not write the record again to count the failure.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from icefloe.ports.metadata import Session
 
 LEAD_FRACTION: Final = 2 / 3
 """The share of the lease's ttl after its last renewal during which the leader acts. Keep-alives
-go every third of the ttl, so a healthy leader is never near it; the last third is the margin
+go every sixth of the ttl (:data:`~icefloe.ports.metadata.KEEP_ALIVES_PER_TTL`), so a leader
+whose store answers each within half the ttl never reaches it; the last third is the margin
 for a step under way and for clocks that run at different rates."""
 
 
@@ -34,8 +38,8 @@ class LeadershipLostError(IcefloeError):
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """The compaction leadership this process holds (``session`` ``None``: a command run by
-    hand, which holds the leader key as long as it runs)."""
+    """The compaction leadership this process holds (``session`` ``None``: none to prove, as
+    for a compactor driven directly, without the leader key)."""
 
     session: Session | None
     term: int
@@ -57,5 +61,5 @@ class Lease:
 
 
 UNLEADED: Final = Lease(None, 0)
-"""No lease: the committer of a command run by hand (``icefloe compact``), which has the
-leader key for as long as it runs."""
+"""No lease to prove: a compactor driven directly (tests, tools), not through the leader
+key."""

@@ -36,7 +36,7 @@ from icefloe.compaction.planner import (
 )
 from icefloe.compaction.yielding import LoadGate
 from icefloe.config.compactor import CompactorOptions
-from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError
 from icefloe.keyspace import COMPACTION
 from icefloe.ports.base import OpenContext
 from icefloe.ports.compaction import CompactionEngine
@@ -54,6 +54,8 @@ REWRITES_PER_ROUND: Final = 16
 """Merges of small files per maintenance round; the rest wait for the next one."""
 BACKLOG_REPORT_INTERVAL_S: Final = 10.0
 """How often the compaction leader sets the backlog gauges."""
+RENEWAL_POLL_S: Final = 0.1
+"""How often a leader that cannot prove its lease looks whether a keep-alive renewed it."""
 PASS_RETRY_MAX_S: Final = 60.0
 """The longest back-off between the leader's passes while each one fails."""
 OPEN_RETRY_FIRST_S: Final = 1.0
@@ -207,8 +209,10 @@ class Compactor:
         aside: list[TaskRecord] = []
         now_ms = int(time.time() * 1000)
         for found in await self.committer.unfinished():
-            record = await self.committer.claim(found)
-            if record is None:
+            try:
+                record = await self.committer.claim(found)
+            except ConflictError:  # changed since it was listed: the next round sees it again
+                held.update(s.stream_id for s in found.streams)
                 continue
             if record.set_aside(now_ms):
                 aside.append(record)
@@ -472,27 +476,29 @@ class Compactor:
                 await _close_quietly(session)
 
     async def _lead_while_held(self, stop: asyncio.Event, lease: Lease) -> None:
-        """Lead until ``stop``, or until the lease can no longer be proven: then the rounds
-        are cancelled at once, whatever step they are at (the steps are fenced, see
-        :mod:`.leadership`)."""
-        assert lease.session is not None
-        leading = asyncio.create_task(self._lead(stop, lease))
-        try:
-            while not leading.done():
-                remaining = lease.deadline() - time.monotonic()
-                if remaining <= 0 or not lease.session.alive:
-                    log.warning(
-                        "the compaction lease of term %d was not renewed in time: "
-                        "stopping before another broker can take over",
-                        lease.term,
-                    )
-                    return
-                await asyncio.wait({leading, lease.session.lost}, timeout=remaining)
-            with contextlib.suppress(LeadershipLostError):
-                leading.result()
-        finally:
-            leading.cancel()
-            await asyncio.gather(leading, return_exceptions=True)
+        """Lead until ``stop``, or until the session is lost. The moment the lease can no
+        longer be proven, the round under way is cancelled, whatever step it is at (the steps
+        are fenced, see :mod:`.leadership`); if a keep-alive is answered before the session is
+        lost, nobody else can have taken the leader key meanwhile, and the leader goes on in
+        the same term."""
+        session = lease.session
+        assert session is not None
+        while not stop.is_set():
+            leading = asyncio.create_task(self._lead(stop, lease))
+            try:
+                while not leading.done():
+                    remaining = lease.deadline() - time.monotonic()
+                    if remaining <= 0 or not session.alive:
+                        break
+                    await asyncio.wait({leading, session.lost}, timeout=remaining)
+                else:
+                    with contextlib.suppress(LeadershipLostError):
+                        leading.result()
+            finally:
+                leading.cancel()
+                await asyncio.gather(leading, return_exceptions=True)
+            if stop.is_set() or not await _renewed(lease, stop):
+                return
 
     async def _lead(self, stop: asyncio.Event, lease: Lease) -> None:
         """Compact, apply retention and maintain the tables every ``interval_s`` while this
@@ -659,6 +665,26 @@ def _progress(record: TaskRecord, source_bytes: int) -> Progress:
         source_bytes=source_bytes,
         parquet_bytes=sum(f.size for f in files),
     )
+
+
+async def _renewed(lease: Lease, stop: asyncio.Event) -> bool:
+    """Wait until ``lease`` can be proven again (``True``), or its session is lost or
+    ``stop`` set."""
+    session = lease.session
+    assert session is not None
+    if not session.alive:
+        return False
+    log.warning(
+        "the compaction lease of term %d was not renewed in time: compaction waits until it "
+        "is, or until it is lost",
+        lease.term,
+    )
+    while time.monotonic() >= lease.deadline():
+        if stop.is_set() or session.lost.done():
+            return False
+        await asyncio.wait({session.lost}, timeout=RENEWAL_POLL_S)
+    log.info("the compaction lease of term %d is renewed: compaction goes on", lease.term)
+    return True
 
 
 async def _close_quietly(session: Session) -> None:
