@@ -30,6 +30,8 @@ from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
 from tests.support.kafka_jvm import TRANSACTIONS, KafkaTools, compile_java, java_executable, rows
 from tests.support.table_readers import duckdb_rows
 
+CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningIcefloe]:
@@ -414,3 +416,62 @@ def _commit(producer: Producer) -> bool:
                 return False
             raise
     raise AssertionError("commit kept failing")
+
+
+def test_a_range_holding_only_an_aborted_transaction_is_compacted_and_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    """Its records and marker leave no rows: no table is handed an empty file (Iceberg
+    refuses one), so both tables stay at one commit, the partition keeps every offset, and
+    the next records of the topic and of other topics still reach the tables."""
+    data = tmp_path / "data"
+    running = start_icefloe(data, env={"ICEFLOE_COMPACTOR__ENABLED": "false"})
+    try:
+        create(running, "voided", partitions=1)
+        create(running, "beside", partitions=1)
+        producer = transactional(running, "voided-writer")
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce("voided", f"void-{i}".encode(), partition=0)
+        assert producer.flush(30) == 0  # in the log before the abort, not purged by it
+        producer.abort_transaction(30)
+        plain = Producer({"bootstrap.servers": running.bootstrap})
+        plain.produce("beside", b"kept", partition=0)
+        assert plain.flush(30) == 0
+    finally:
+        assert running.stop() == 0
+
+    running = compacted(data)  # on main, the compactor's process died on the empty file
+    try:
+        assert read_all(running, "voided", "read_committed", partitions=1) == []
+        assert read_all(running, "voided", "read_uncommitted", partitions=1) == []
+        plain = Producer({"bootstrap.servers": running.bootstrap})
+        plain.produce("voided", b"after", partition=0)
+        assert plain.flush(30) == 0
+        deadline = time.monotonic() + 120
+        while not all(row["lag_records"] == 0 for row in tables(running)):
+            assert time.monotonic() < deadline, "compaction did not catch up"
+            time.sleep(0.5)
+        assert read_all(running, "voided", "read_committed", partitions=1) == [b"after"]
+        for isolation in ("read_committed", "read_uncommitted"):
+            # Kafka's Java consumer moves past the batch of no records too.
+            printed = KafkaTools(running.bootstrap).run(
+                CONSOLE_CONSUMER,
+                "--topic", "voided",
+                "--from-beginning",
+                "--isolation-level", isolation,
+                "--max-messages", "1",
+                "--timeout-ms", "30000",
+                "--property", "print.offset=true",
+            )  # fmt: skip
+            assert rows(printed) == [["Offset:6", "after"]], printed
+        in_tables = {(row["topic"], row["format"]): row for row in tables(running)}
+    finally:
+        assert running.stop() == 0
+    for topic, expected in (("voided", [b"after"]), ("beside", [b"kept"])):
+        delta, iceberg = in_tables[(topic, "delta")], in_tables[(topic, "iceberg")]
+        assert delta["commit"] == iceberg["commit"]  # the formats at the same commit
+        assert delta["files"] == iceberg["files"] == 1
+        values = duckdb_rows(f"delta_scan('{delta['location']}')")
+        assert [row[3] for row in values] == expected
+        assert [row[1] for row in values] == ([6] if topic == "voided" else [0])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from icefloe.config import Config, load_config
 from tests.support.servers import ServerProcess, find_program, free_ports, port_open
 
 
@@ -30,6 +31,15 @@ class MetadataServer:
 
     def etcd_options(self, namespace: str, **extra: Any) -> dict[str, Any]:
         return {"endpoints": [self.address], "namespace": namespace, **extra}
+
+    def config(self, data_dir: Path, namespace: str) -> Config:
+        """A configuration whose metadata store is this server, under ``namespace``."""
+        backend = self.process.name
+        options = (
+            self.etcd_options(namespace) if backend == "etcd" else self.oxia_options(namespace)
+        )
+        metadata = {"backend": backend, backend: options}
+        return load_config(env={}, overrides={"data_dir": str(data_dir), "metadata": metadata})
 
 
 def start_oxia(workdir: Path) -> MetadataServer:

@@ -101,21 +101,34 @@ class ServerProcess:
         raise RuntimeError(f"{self.name} not ready after {self.timeout}s: {self.tail()}")
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP), e.g. to test an outage without losing its state."""
+        """Freeze the server (SIGSTOP), e.g. to test an outage without losing its state;
+        return once it is frozen."""
         assert self.process is not None
         os.killpg(self.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not self.paused():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not stop on SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.process is not None
         os.killpg(self.process.pid, signal.SIGCONT)
 
-    def kill(self) -> None:
+    def paused(self) -> bool:
+        """Whether the server is frozen now (stopped by a signal, as :meth:`pause` leaves it)."""
+        assert self.process is not None
+        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    def kill(self) -> int:
         """SIGKILL the server's whole process group, as a crash of its host would, and wait
-        until it is gone (:meth:`start` starts it again on its data)."""
+        until it is gone (:meth:`start` starts it again on its data); its exit status, which
+        says it was killed (``-9``)."""
         assert self.process is not None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
+        return self.process.wait(10)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -182,6 +182,19 @@ COMPACTION_BACKLOG_AGE: Final = Gauge(
     ["topic"],
     registry=COMPACTION,
 )
+COMPACTION_RUN_FAILURES: Final = Counter(
+    "icefloe_compaction_run_failures",
+    "Tries of a compaction run that failed, per topic of the run (each is tried again)",
+    ["topic"],
+    registry=COMPACTION,
+)
+COMPACTION_RUNS_SET_ASIDE: Final = Gauge(
+    "icefloe_compaction_runs_set_aside",
+    "Compaction runs set aside after failing repeatedly, per topic: their streams wait for "
+    "the retry (`icefloe tables` says why; `icefloe tables retry` retries now)",
+    ["topic"],
+    registry=COMPACTION,
+)
 COMPACTION_YIELDING: Final = Gauge(
     "icefloe_compaction_yielding",
     "1 while compaction waits because other processes keep the host's CPU busy ([compactor] "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ import click
 
 from icefloe.cli import data_dir
 from icefloe.cli.data_dir import data_dir_option
+from icefloe.compaction.committer import TaskRecord
+from icefloe.compaction.leadership import UNLEADED, Lease
 from icefloe.compaction.service import LEADER_KEY, Compactor, Progress
 from icefloe.errors import (
     AlreadyExistsError,
@@ -201,29 +204,41 @@ def maintain(ctx: click.Context) -> None:
 
 @asynccontextmanager
 async def _leading(compactor: Compactor) -> AsyncIterator[None]:
-    """Hold the compaction leadership for the block, or refuse if a broker holds it."""
+    """Hold the compaction leadership for the block, or refuse if a broker holds it. The
+    command's steps are fenced by its lease as a broker's are (:mod:`icefloe.compaction.
+    leadership`): if the metadata store stops answering, it stops before a broker can lead."""
     metadata = compactor.storage.metadata
     async with await metadata.open_session(10.0) as session:
         try:
-            await metadata.put(LEADER_KEY, b"cli", expected_version=MUST_NOT_EXIST, session=session)
+            won = await metadata.put(
+                LEADER_KEY, b"cli", expected_version=MUST_NOT_EXIST, session=session
+            )
         except AlreadyExistsError:
             raise IcefloeError(
                 "a running broker leads compaction; stop `icefloe serve` first, or let it "
                 "compact (it runs every [compactor] interval_s)"
             ) from None
-        yield
+        compactor.committer.lease = Lease(session, won.version)
+        try:
+            yield
+        finally:
+            compactor.committer.lease = UNLEADED
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def tables(ctx: click.Context, as_json: bool) -> None:
     """Show each topic's tables: identifier, locations, version, data files and lag behind the
-    stream."""
+    stream, and the compaction runs set aside after failing repeatedly (why, and when they
+    are tried again)."""
+    if ctx.invoked_subcommand is not None:
+        return
 
     async def body(compactor: Compactor) -> list[dict[str, Any]]:
         rows = []
+        aside = _set_aside_by_topic(await compactor.committer.unfinished())
         for topic in compactor.topics.cached():
             lag, _ = await compactor.backlog(topic)
             spec = compactor.committer.table_spec(topic.name)
@@ -233,6 +248,7 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             for name, table_format in compactor.table_formats.items():
                 row = {"topic": topic.name, "format": name, "lag_records": lag}
                 row |= await _describe_table(table_format, spec)
+                row["set_aside"] = aside.get(topic.name, [])
                 if dead is not None:  # a schema-backed topic: its dead letters and their table
                     row["dead_letters"] = dead
                     row["dead_letter_table"] = await _describe_table(table_format, letters)
@@ -248,6 +264,7 @@ def tables(ctx: click.Context, as_json: bool) -> None:
                         "commit": None,
                         "files": None,
                         "lag_records": lag,
+                        "set_aside": aside.get(topic.name, []),
                     }
                 )
         return rows
@@ -268,6 +285,13 @@ def tables(ctx: click.Context, as_json: bool) -> None:
             + f", {row['lag_records']} records not yet in the table"
             + (f", {_count(row['dead_letters'], 'dead letter')}" if "dead_letters" in row else "")
         )
+        for run in row["set_aside"]:
+            click.echo(
+                f"{row['topic']}: compaction run {run['run']} of partitions "
+                f"{', '.join(map(str, run['partitions']))} set aside after {run['failures']} "
+                f"failures ({run['state']}): {run['error']}; its partitions wait, tried again "
+                f"at {run['retry_at']} or now with `icefloe tables retry`"
+            )
         if letters := row.get("dead_letter_table"):
             click.echo(
                 f"{row['topic']}: {row['format']} dead letters {letters['identifier']} at "
@@ -283,6 +307,52 @@ def tables(ctx: click.Context, as_json: bool) -> None:
                     else ", none yet"
                 )
             )
+
+
+@tables.command()
+@data_dir_option
+@click.pass_context
+def retry(ctx: click.Context) -> None:
+    """Try the compaction runs set aside again now, instead of after their back-off.
+
+    Fix what failed first (`icefloe tables` says what it was): the compaction leader tries each
+    run in its next round, and sets it aside again if it fails again.
+    """
+
+    async def body(compactor: Compactor) -> list[TaskRecord]:
+        return await compactor.committer.retry_set_aside()
+
+    retried = _run(ctx, body)
+    for record in retried:
+        click.echo(
+            f"compaction run {record.run_id}{record.suffix} of {', '.join(record.topics)}: "
+            "tried again in the compaction leader's next round"
+        )
+    if not retried:
+        click.echo("no compaction run is set aside")
+
+
+def _set_aside_by_topic(records: list[TaskRecord]) -> dict[str, list[dict[str, Any]]]:
+    """The set-aside runs among ``records``, described per topic they hold."""
+    now_ms = int(time.time() * 1000)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if not record.set_aside(now_ms):
+            continue
+        for topic in record.topics:
+            found.setdefault(topic, []).append(
+                {
+                    "run": record.run_id + record.suffix,
+                    "state": str(record.state),
+                    "partitions": sorted(s.partition for s in record.streams if s.topic == topic),
+                    "failures": record.failures,
+                    "error": record.error,
+                    "retry_at": time.strftime(
+                        "%Y-%m-%dT%H:%M:%S%z", time.localtime(record.retry_after_ms / 1000)
+                    ),
+                }
+            )
+    return found
 
 
 async def _dead_letters(compactor: Compactor, topic: Topic) -> int | None:

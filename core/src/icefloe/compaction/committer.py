@@ -27,9 +27,30 @@ from ``planned`` to ``committed``: a run takes its sequences and commits them be
 takes any, so tables receive sequences in order, and a crash leaves at most one run in
 ``written`` (:meth:`Committer.unfinished` lists it before any ``planned`` one).
 
+A run that fails is counted in its record (``failures``, the last ``error``); the next round
+tries it again, and the streams it holds are left out of new runs meanwhile. After
+:data:`SET_ASIDE_AFTER` failures in a row it is *set aside*: ``retry_after_ms`` says when it is
+tried again (``[compactor] set_aside_retry_s``, doubling with each failure after that, at most
+:data:`MAX_SET_ASIDE_FACTOR` times), or at once after ``icefloe tables retry``. A run
+that failed on some topics of a multi-topic run only is split: those topics' part becomes a run
+of its own (keyed after the run, a suffix per topic) and the rest goes on. A run that failed
+once commits each topic as a run that may have been overtaken: a format that holds its files
+already is skipped, and a topic whose sequence a later run of it passed in a format takes a
+new sequence first (:meth:`Committer._commit_topic`).
+
+Each record carries the term of the leader that wrote it last (:mod:`.leadership`); a new
+leader claims every unfinished record before it acts on it, so that an old leader's late step
+fails on the record's version.
+
 The index swap keeps readers whole: the new Parquet entry is written under the key of the
 *last* entry it replaces (same end offset and cumulative size), then the other entries are
 deleted from the last to the first, so a look-up always finds an entry holding its offset.
+
+A range that keeps no rows (only an aborted transaction and markers, say) still becomes a data
+file without rows, so that its offsets stay held by an index entry that reads as nothing; the
+tables never get such a file (Iceberg refuses one: a file's partition comes from its rows), nor
+a commit for a topic whose run wrote only such files. A rewrite that merges it retires it like
+any other file; the tables, which never had it, are not asked to remove it.
 
 A data file that a rewrite or an expiry took out of the tables and the index is *retired*, not
 deleted: a reader may still hold its old index entry, and older table snapshots still
@@ -41,7 +62,10 @@ entry references any more are collected by :mod:`icefloe.storage.orphans`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import enum
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +75,9 @@ from typing import Any, Final
 import msgpack
 
 from icefloe import metrics
+from icefloe.compaction.leadership import UNLEADED, LeadershipLostError, Lease
 from icefloe.compaction.planner import Plan, TaskKind
+from icefloe.errors import AlreadyExistsError, IcefloeError
 from icefloe.keyspace import COMPACTION, prefix_end
 from icefloe.ports.compaction import (
     CleanSpec,
@@ -76,6 +102,22 @@ RETIRED: Final = COMPACTION + "retired/"
 CLEANED: Final = COMPACTION + "cleaned/"
 MIN_RETIRED_GRACE_MS: Final = 60_000
 """A retired file outlives any fetch that found it in the index before the swap."""
+SET_ASIDE_AFTER: Final = 3
+"""Failures in a row after which a run is set aside (module docstring)."""
+MAX_SET_ASIDE_FACTOR: Final = 8
+"""A set-aside run waits at most this many times ``set_aside_retry_s`` between tries."""
+ERROR_CHARS: Final = 500
+"""How much of a failure's message a record keeps."""
+
+
+class TopicsFailedError(IcefloeError):
+    """Some topics of a run could not be committed to their tables."""
+
+    def __init__(self, failures: Mapping[str, BaseException]) -> None:
+        self.failures = dict(failures)
+        super().__init__(
+            "; ".join(f"topic {t!r}: {_one_line(e)}" for t, e in sorted(self.failures.items()))
+        )
 
 
 class SagaState(enum.StrEnum):
@@ -125,10 +167,28 @@ class TaskRecord:
     created_ms: int = 0
     kind: TaskKind = TaskKind.COMPACT
     version: int = MUST_NOT_EXIST
+    term: int = 0
+    """The term of the leader that wrote the record last (:mod:`.leadership`)."""
+    failures: int = 0
+    """Tries in a row that failed."""
+    error: str | None = None
+    """What the last failure said."""
+    retry_after_ms: int = 0
+    """Set aside until then (module docstring); 0: not set aside."""
+    suffix: str = ""
+    """A part split off a run (one topic's): its key is the run's with this after it."""
+
+    def set_aside(self, now_ms: int) -> bool:
+        """Whether the run waits to be tried again (``icefloe tables retry`` ends the wait)."""
+        return now_ms < self.retry_after_ms
 
     @property
     def key(self) -> str:
-        return TASKS + f"{self.created_ms:015d}-{self.run_id}"
+        return TASKS + f"{self.created_ms:015d}-{self.run_id}{self.suffix}"
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted({s.topic for s in self.streams})
 
     @property
     def ranges(self) -> list[StreamRange]:
@@ -147,6 +207,11 @@ class TaskRecord:
             "sequences": self.sequences,
             "created_ms": self.created_ms,
             "kind": str(self.kind),
+            "term": self.term,
+            "failures": self.failures,
+            "error": self.error,
+            "retry_after_ms": self.retry_after_ms,
+            "suffix": self.suffix,
         }
         return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
 
@@ -174,6 +239,12 @@ class TaskRecord:
             p["created_ms"],
             TaskKind(p.get("kind", TaskKind.COMPACT)),
             record.version,
+            # Absent in records written before runs were fenced and set aside.
+            int(p.get("term", 0)),
+            int(p.get("failures", 0)),
+            p.get("error"),
+            int(p.get("retry_after_ms", 0)),
+            str(p.get("suffix", "")),
         )
 
 
@@ -254,6 +325,7 @@ class Committer:
         expire_every: int,
         history_ms: Callable[[str], int],
         is_live: Callable[[str, int], bool],
+        set_aside_retry_s: float = 600.0,
     ) -> None:
         self._metadata = metadata
         self._offsets = offsets
@@ -272,6 +344,9 @@ class Committer:
         self._ensured: set[tuple[int, str]] = set()
         self._committing = asyncio.Lock()
         """Held from a run's sequence allocation to its last table commit (module docstring)."""
+        self._set_aside_retry_ms = int(set_aside_retry_s * 1000)
+        self.lease: Lease = UNLEADED
+        """The leadership this committer acts under; each saga step checks it first."""
 
     async def unfinished(self) -> list[TaskRecord]:
         """Runs a previous leader started and did not finish: those past ``planned`` first
@@ -311,7 +386,7 @@ class Committer:
             if record.state is SagaState.PLANNED:
                 assert files is not None
                 record.files = files
-                changed = {f.stream_id for f in files} | {
+                changed = {f.stream_id for f in files if f.record_count} | {
                     s.stream_id for s in record.streams if s.retired
                 }
                 record.sequences = {
@@ -321,11 +396,18 @@ class Committer:
                 record.state = SagaState.WRITTEN
                 await self._save(record)
             if record.state is SagaState.WRITTEN:
-                await self._commit_tables(record)
+                try:
+                    await self._commit_tables(record)
+                except TopicsFailedError as failed:
+                    if len(failed.failures) == len(record.sequences or ()):
+                        raise
+                    # The other topics are in their tables: they go on without these.
+                    await self._split_off(record, failed)
                 record.state = SagaState.COMMITTED
                 await self._save(record)
         if record.state is SagaState.COMMITTED:
             for stream in record.streams:
+                self.lease.check()
                 if not self._is_live(stream.topic, stream.stream_id):
                     await self._discard(record, stream)
                 elif record.kind is TaskKind.EXPIRE:
@@ -335,9 +417,89 @@ class Committer:
                 else:
                     await self._swap(record, stream)
             await self._retire(record)
-            await self._metadata.delete(record.key)
+            self.lease.check()
+            # Only the version this leader wrote: one a newer leader claimed is its to finish.
+            await self._metadata.delete(record.key, expected_version=record.version)
             record.state = SagaState.SWAPPED
         return record
+
+    async def claim(self, record: TaskRecord) -> TaskRecord:
+        """Make an unfinished run this leader's: its term in the record, by compare-and-set,
+        so that a step the leader that wrote it last still has under way fails on the
+        record's version. What that leader did already is done again or skipped: a task
+        writes the same files, a table skips a sequence it has.
+
+        Raises:
+            ConflictError: the record changed since it was read.
+        """
+        if record.term != self.lease.term:
+            term = record.term
+            await self._save(record)
+            log.info("run %s of the leader of term %d taken over", record.run_id, term)
+        return record
+
+    async def note_failure(self, record: TaskRecord, error: BaseException) -> TaskRecord | None:
+        """Count a failed try of ``record`` in its stored record, setting it aside after
+        :data:`SET_ASIDE_AFTER` in a row; the record as stored now (``None``: gone, finished
+        or split up meanwhile, or taken over by another leader)."""
+        current = await self._metadata.get(record.key)
+        if current is None:
+            return None
+        stored = TaskRecord.decode(current)
+        if stored.term != self.lease.term:
+            # Another leader took the run over (which is what made this try fail): it is
+            # that leader's now, and written in this term it would be taken back from it.
+            return None
+        stored.failures += 1
+        stored.error = _one_line(error)
+        if stored.failures >= SET_ASIDE_AFTER:
+            factor = min(2 ** (stored.failures - SET_ASIDE_AFTER), MAX_SET_ASIDE_FACTOR)
+            delay_ms = self._set_aside_retry_ms * factor
+            stored.retry_after_ms = int(time.time() * 1000) + delay_ms
+        await self._save(stored)
+        return stored
+
+    async def retry_set_aside(self) -> list[TaskRecord]:
+        """End the wait of every set-aside run: the leader's next round tries each again (one
+        more failure sets it aside again). Returns the runs."""
+        now_ms = int(time.time() * 1000)
+        retried = []
+        for record in await self.unfinished():
+            if record.set_aside(now_ms):
+                record.retry_after_ms = 0
+                record.failures = min(record.failures, SET_ASIDE_AFTER - 1)
+                written = await self._metadata.put(
+                    record.key, record.encode(), expected_version=record.version
+                )
+                record.version = written.version
+                retried.append(record)
+        return retried
+
+    async def _split_off(self, record: TaskRecord, failed: TopicsFailedError) -> None:
+        """Make the failed topics of ``record`` runs of their own and take them out of it.
+        Each part is written before the run drops it, under a key of its own topic: a crash
+        in between leaves a part that the run's next try writes again, or finds there."""
+        assert record.sequences is not None
+        for topic, error in sorted(failed.failures.items()):
+            part = _part_of(record, topic)
+            part.failures = record.failures + 1
+            part.error = f"topic {topic!r}: {_one_line(error)}"
+            with contextlib.suppress(AlreadyExistsError):  # written by an earlier try
+                await self._save(part)
+            log.warning(
+                "run %s: topic %s split off as run %s%s after: %s",
+                record.run_id,
+                topic,
+                part.run_id,
+                part.suffix,
+                part.error,
+            )
+        kept = [s for s in record.streams if s.topic not in failed.failures]
+        kept_ids = {s.stream_id for s in kept}
+        record.streams = kept
+        record.tasks = [t for t in (_task_of(t, kept_ids) for t in record.tasks) if t.ranges]
+        record.files = [f for f in record.files or () if f.stream_id in kept_ids]
+        record.sequences = {t: n for t, n in record.sequences.items() if t not in failed.failures}
 
     def forget_tables(self) -> None:
         """Check each table exists again before its next commit: another leader may have
@@ -367,6 +529,8 @@ class Committer:
     # --- steps ------------------------------------------------------------------------------
 
     async def _commit_tables(self, record: TaskRecord) -> None:
+        """Commit the run's files to every enabled format, a topic at a time; the topics that
+        fail are raised together (:class:`TopicsFailedError`) once the others are done."""
         assert record.files is not None
         assert record.sequences is not None
         added: dict[str, list[DataFile]] = {topic: [] for topic in record.sequences}
@@ -376,6 +540,8 @@ class Committer:
         now_ms = int(time.time() * 1000)
         for f in record.files:
             stream = stream_of[f.stream_id]
+            if not f.record_count:
+                continue  # the index's alone (module docstring)
             added[stream.topic].append(
                 DataFile(
                     layout.relative_path(stream.topic, f.path),
@@ -399,34 +565,77 @@ class Committer:
         # A deleted topic's tables are dropped, not committed to; nor may an old topic's files
         # reach the tables of a new topic of the same name.
         gone = {s.topic for s in record.streams if not self._is_live(s.topic, s.stream_id)}
-        commits = sorted((t, seq) for t, seq in record.sequences.items() if t not in gone)
+        failures: dict[str, BaseException] = {}
+        for topic in sorted(t for t in record.sequences if t not in gone):
+            try:
+                await self._commit_topic(record, topic, added[topic], removed[topic], dead[topic])
+            except LeadershipLostError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a format SDK's own errors too
+                log.warning("run %s: topic %s not committed: %s", record.run_id, topic, exc)
+                failures[topic] = exc
+        if failures:
+            raise TopicsFailedError(failures)
+
+    async def _commit_topic(
+        self,
+        record: TaskRecord,
+        topic: str,
+        added: list[DataFile],
+        removed: list[str],
+        dead: list[DataFile],
+    ) -> None:
+        """Commit one topic's files of the run to every enabled format. A run that failed
+        before may have been overtaken meanwhile: a format that holds its files has it, and
+        a sequence that a later run passed is taken anew."""
+        assert record.sequences is not None
+        spec = self.table_spec(topic)
+        now_ms = int(time.time() * 1000)
         for format_name, table_format in self._table_formats.items():
-            for topic, sequence in commits:
-                spec = self.table_spec(topic)
-                if (id(table_format), topic) not in self._ensured:
-                    await table_format.ensure_table(spec)
-                    self._ensured.add((id(table_format), topic))
-                taken = removed[topic]
-                if taken and sequence > await table_format.last_commit(spec):
-                    # A file the table never had (tables enabled after it was written) is
-                    # not the table's to remove; every format refuses such a commit.
-                    live = {f.path for f in await table_format.files(spec)}
-                    taken = [path for path in taken if path in live]
-                with metrics.timed(
-                    metrics.TABLE_COMMIT_SECONDS.labels(format_name),
-                    metrics.TABLE_COMMIT_FAILURES.labels(format_name),
-                ):
-                    await table_format.commit(spec, sequence, added[topic], taken)
-                if dead[topic]:
-                    # The topic's dead-letter table, under the same sequence (each table skips
-                    # a sequence it has; this one only gets those with dead letters).
-                    letters = layout.dead_letter_spec(self._store, spec, topic)
-                    if (id(table_format), f"dead-letters:{topic}") not in self._ensured:
-                        await table_format.ensure_table(letters)
-                        self._ensured.add((id(table_format), f"dead-letters:{topic}"))
-                    await table_format.commit(letters, sequence, dead[topic])
-                if sequence % self._expire_every == 0:
-                    await table_format.expire(spec, now_ms - self._history_ms(topic))
+            self.lease.check()
+            if (id(table_format), topic) not in self._ensured:
+                await table_format.ensure_table(spec)
+                self._ensured.add((id(table_format), topic))
+            sequence = record.sequences[topic]
+            taken = removed
+            if record.failures:
+                if await _holds(table_format, spec, added, removed):
+                    continue
+                if sequence <= await table_format.last_commit(spec):
+                    sequence = await self._resequence(record, topic)
+            if taken and sequence > await table_format.last_commit(spec):
+                # A file the table never had (tables enabled after it was written) is
+                # not the table's to remove; every format refuses such a commit.
+                live = {f.path for f in await table_format.files(spec)}
+                taken = [path for path in taken if path in live]
+            with metrics.timed(
+                metrics.TABLE_COMMIT_SECONDS.labels(format_name),
+                metrics.TABLE_COMMIT_FAILURES.labels(format_name),
+            ):
+                await table_format.commit(spec, sequence, added, taken)
+            if dead:
+                # The topic's dead-letter table, under the same sequence (each table skips
+                # a sequence it has; this one only gets those with dead letters).
+                letters = layout.dead_letter_spec(self._store, spec, topic)
+                if (id(table_format), f"dead-letters:{topic}") not in self._ensured:
+                    await table_format.ensure_table(letters)
+                    self._ensured.add((id(table_format), f"dead-letters:{topic}"))
+                if not (record.failures and await _holds(table_format, letters, dead, [])):
+                    await table_format.commit(letters, sequence, dead)
+            if sequence % self._expire_every == 0:
+                await table_format.expire(spec, now_ms - self._history_ms(topic))
+
+    async def _resequence(self, record: TaskRecord, topic: str) -> int:
+        """Give ``topic``'s part of the run a new sequence, recorded before any format gets
+        it, and return it."""
+        assert record.sequences is not None
+        record.sequences[topic] = await counters.increment(
+            self._metadata, f"table-sequence/{topic}"
+        )
+        await self._save(record)
+        sequence = record.sequences[topic]
+        log.info("run %s: topic %s takes sequence %d", record.run_id, topic, sequence)
+        return sequence
 
     async def _swap(self, record: TaskRecord, stream: TaskStream) -> None:
         assert record.files is not None
@@ -533,6 +742,10 @@ class Committer:
         await self._metadata.put(RETIRED + record.key.removeprefix(TASKS), value)
 
     async def _save(self, record: TaskRecord) -> None:
+        """Write ``record`` in this leader's term, if it is still the version last read: a
+        leader that lost its lease, or whose record a newer leader claimed, fails here."""
+        self.lease.check()
+        record.term = self.lease.term
         written = await self._metadata.put(
             record.key, record.encode(), expected_version=record.version
         )
@@ -541,6 +754,57 @@ class Committer:
     def table_spec(self, topic: str) -> TableSpec:
         """The table of ``topic`` in this cluster's object store."""
         return self._table_spec(topic)
+
+
+async def _holds(
+    table_format: TableFormat, spec: TableSpec, added: list[DataFile], removed: list[str]
+) -> bool:
+    """Whether the table has a commit of these files already: it holds every added file and
+    none of the removed ones."""
+    live = {f.path for f in await table_format.files(spec)}
+    return all(f.path in live for f in added) and not any(path in live for path in removed)
+
+
+def _part_of(record: TaskRecord, topic: str) -> TaskRecord:
+    """``topic``'s part of a written run, as a run of its own."""
+    assert record.sequences is not None
+    streams = [s for s in record.streams if s.topic == topic]
+    ids = {s.stream_id for s in streams}
+    return TaskRecord(
+        record.run_id,
+        [t for t in (_task_of(t, ids) for t in record.tasks) if t.ranges],
+        streams,
+        record.state,
+        [f for f in record.files or () if f.stream_id in ids],
+        {topic: record.sequences[topic]},
+        record.created_ms,
+        record.kind,
+        suffix=record.suffix + "." + hashlib.sha256(topic.encode()).hexdigest()[:12],
+    )
+
+
+def _task_of(task: CompactionTask, stream_ids: set[int]) -> CompactionTask:
+    """``task`` cut down to the streams ``stream_ids``."""
+
+    def mine(pairs: tuple[tuple[Any, ...], ...]) -> tuple[Any, ...]:
+        return tuple(p for p in pairs if p[0] in stream_ids)
+
+    return dataclasses.replace(
+        task,
+        ranges=tuple(r for r in task.ranges if r.stream_id in stream_ids),
+        output_paths=mine(task.output_paths),
+        time_partitions=mine(task.time_partitions),
+        cleaning=mine(task.cleaning),
+        aborted=mine(task.aborted),
+        typed=mine(task.typed),
+        codecs=mine(task.codecs),
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    """The first line of what ``error`` says, with its type, bounded."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:ERROR_CHARS]
 
 
 def _retired_files(kind: TaskKind, entries: Sequence[IndexEntry]) -> list[str]:
@@ -568,4 +832,6 @@ def describe(record: TaskRecord) -> dict[str, Any]:
         "kind": record.kind,
         "sources": len({r.ref for r in record.ranges}),
         "files": len(record.files or ()),
+        "term": record.term,
+        "failures": record.failures,
     }

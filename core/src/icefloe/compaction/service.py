@@ -1,7 +1,11 @@
 """The compactor: one leader in the cluster plans tasks and runs them through the saga.
 
 Leadership is an ephemeral key held through a metadata-store session, so when the leader dies
-another broker takes over within the lease time and first finishes the tasks it left. Besides
+another broker takes over within the lease time and first finishes the tasks it left. A leader
+acts only while it can prove its lease, and each saga step is fenced by its term
+(:mod:`.leadership`). A run that fails is tried again, and set aside after failing repeatedly
+(:mod:`.committer`), without holding up the runs of other streams; the leader never exits on
+a failure, it backs off. Besides
 compaction, the leader applies retention, log-compacts topics with ``cleanup.policy=compact``
 (:mod:`.cleaner`) and maintains the tables (:mod:`.maintenance`).
 """
@@ -19,7 +23,8 @@ from typing import Final, Self
 from icefloe import config as configuration
 from icefloe import metrics
 from icefloe.compaction import cleaner, dropping, maintenance, retention
-from icefloe.compaction.committer import Committer, TaskRecord
+from icefloe.compaction.committer import Committer, TaskRecord, TopicsFailedError
+from icefloe.compaction.leadership import UNLEADED, LeadershipLostError, Lease
 from icefloe.compaction.maintenance import TableSettings
 from icefloe.compaction.planner import (
     Plan,
@@ -31,7 +36,7 @@ from icefloe.compaction.planner import (
 )
 from icefloe.compaction.yielding import LoadGate
 from icefloe.config.compactor import CompactorOptions
-from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError
 from icefloe.keyspace import COMPACTION
 from icefloe.ports.base import OpenContext
 from icefloe.ports.compaction import CompactionEngine
@@ -49,6 +54,10 @@ REWRITES_PER_ROUND: Final = 16
 """Merges of small files per maintenance round; the rest wait for the next one."""
 BACKLOG_REPORT_INTERVAL_S: Final = 10.0
 """How often the compaction leader sets the backlog gauges."""
+RENEWAL_POLL_S: Final = 0.1
+"""How often a leader that cannot prove its lease looks whether a keep-alive renewed it."""
+PASS_RETRY_MAX_S: Final = 60.0
+"""The longest back-off between the leader's passes while each one fails."""
 OPEN_RETRY_FIRST_S: Final = 1.0
 OPEN_RETRY_MAX_S: Final = 60.0
 """Back-off between attempts to open the compactor's backends (a table catalog may be down)."""
@@ -96,7 +105,12 @@ class Compactor:
             expire_every=options.expire_every_commits,
             history_ms=self._history_ms,
             is_live=self._is_live,
+            set_aside_retry_s=options.set_aside_retry_s,
         )
+        self._held: frozenset[int] = frozenset()
+        """Streams of unfinished runs left for a later round (failed, or set aside)."""
+        self._set_aside_topics: set[str] = set()
+        """Topics whose set-aside gauge this compactor set."""
         self._next_maintenance = 0.0
         self._next_retention_check = 0.0
         self._next_orphan_sweep = 0.0
@@ -187,17 +201,36 @@ class Compactor:
         """Compact in runs, at most ``max_runs_in_flight`` at once (each on streams no other
         running one holds), until nothing is due or ``max_runs`` were planned; returns the
         number of tasks. In the background (:meth:`run`), no run is planned while the host is
-        busy with clients (:mod:`.yielding`)."""
+        busy with clients (:mod:`.yielding`). Unfinished runs go first; one that fails, or is
+        set aside, keeps its streams out of new runs and stops nothing else."""
         await self.drop_deleted_topics()
         tasks = 0
-        for record in await self.committer.unfinished():
-            log.info("resuming compaction run %s from %s", record.run_id, record.state)
+        held: set[int] = set()
+        aside: list[TaskRecord] = []
+        now_ms = int(time.time() * 1000)
+        for found in await self.committer.unfinished():
+            try:
+                record = await self.committer.claim(found)
+            except ConflictError:  # changed since it was listed: the next round sees it again
+                held.update(s.stream_id for s in found.streams)
+                continue
+            if record.set_aside(now_ms):
+                aside.append(record)
+                held.update(s.stream_id for s in record.streams)
+                continue
+            log.info("resuming compaction run %s from %s", record.key, record.state)
             self._backlogs.clear()
-            await self.committer.finish(record)
+            if (failed := await self._finish(record)) is not None:
+                held.update(s.stream_id for s in record.streams)
+                if failed.set_aside(now_ms):
+                    aside.append(failed)
+                continue
             source_bytes = sum(r.byte_end - r.byte_start for r in record.ranges)
             report(_progress(record, source_bytes))
             tasks += len(record.tasks)
-        running: dict[asyncio.Task[Progress], Plan] = {}
+        self._report_set_aside(aside)
+        self._held = frozenset(held)
+        running: dict[asyncio.Task[Progress | None], Plan] = {}
         planned = 0
         try:
             while True:
@@ -214,7 +247,7 @@ class Compactor:
                         int(time.time() * 1000),
                         force=force,
                         transactions=self.storage.transactions,
-                        busy=busy,
+                        busy=busy | self._held,
                         backlogs=self._backlogs,
                     )
                     if plan is None:
@@ -225,15 +258,87 @@ class Compactor:
                     return tasks
                 finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for run in finished:
-                    del running[run]
+                    plan = running.pop(run)
                     progress = run.result()
+                    if progress is None:  # failed: tried again next round
+                        self._held |= {s.stream_id for s in plan.streams}
+                        continue
                     tasks += progress.tasks
                     report(progress)
         finally:
-            # A failed run stops the others: they finish later, as unfinished runs.
+            # A lost lease stops the others: they finish later, as unfinished runs.
             for run in running:
                 run.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+
+    async def _finish(self, record: TaskRecord) -> TaskRecord | None:
+        """Take ``record`` through the rest of the saga; if it fails, the record with the
+        failure counted (it may be set aside now: see :mod:`.committer`)."""
+        try:
+            await self.committer.finish(record)
+            return None
+        except LeadershipLostError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure, an SDK's own errors too
+            return await self._note_failure(record, exc) or record
+
+    async def _note_failure(self, record: TaskRecord, error: Exception) -> TaskRecord | None:
+        failed = error.failures if isinstance(error, TopicsFailedError) else None
+        for topic in failed or record.topics:
+            metrics.COMPACTION_RUN_FAILURES.labels(topic).inc()
+        try:
+            stored = await self.committer.note_failure(record, error)
+        except LeadershipLostError:
+            raise
+        except Exception:
+            log.warning("compaction run %s failed: %s", record.run_id, error, exc_info=True)
+            return None
+        if stored is None:
+            return None
+        streams = ", ".join(f"{s.topic}-{s.partition}" for s in stored.streams)
+        if stored.retry_after_ms:
+            log.error(
+                "compaction run %s%s (%s, in state %s) set aside after %d failures in a row: %s. "
+                "Its partitions wait, the others go on; it is tried again at %s, or at once "
+                "after `icefloe tables retry`.",
+                stored.run_id,
+                stored.suffix,
+                streams,
+                stored.state,
+                stored.failures,
+                stored.error,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stored.retry_after_ms / 1000)),
+            )
+        else:
+            log.warning(
+                "compaction run %s%s (%s, in state %s) failed (%d in a row); tried again next "
+                "round: %s",
+                stored.run_id,
+                stored.suffix,
+                streams,
+                stored.state,
+                stored.failures,
+                stored.error,
+                exc_info=error,
+            )
+        return stored
+
+    def _report_set_aside(self, aside: list[TaskRecord]) -> None:
+        counts: dict[str, int] = {}
+        for record in aside:
+            for topic in record.topics:
+                counts[topic] = counts.get(topic, 0) + 1
+        for topic in self._set_aside_topics - counts.keys():
+            with contextlib.suppress(KeyError):
+                metrics.COMPACTION_RUNS_SET_ASIDE.remove(topic)
+        for topic, count in counts.items():
+            metrics.COMPACTION_RUNS_SET_ASIDE.labels(topic).set(count)
+        self._set_aside_topics = set(counts)
+
+    def _maintainable(self) -> list[Topic]:
+        """The topics that no unfinished run holds a stream of: maintenance of the others
+        waits for those runs."""
+        return [t for t in self.topics.cached() if not self._held.intersection(t.streams)]
 
     async def drop_deleted_topics(self) -> int:
         """Drop the tables of deleted topics (:mod:`.dropping`); return how many topics."""
@@ -261,7 +366,7 @@ class Compactor:
     async def rewrite_once(self) -> Progress | None:
         """Merge one run of small data files, if a topic has one."""
         plan = await maintenance.plan_rewrite(
-            self.storage.index, self.topics.cached(), self._options
+            self.storage.index, self._maintainable(), self._options
         )
         if plan is None:
             return None
@@ -273,7 +378,7 @@ class Compactor:
         plan = await cleaner.plan_clean(
             self.storage.index,
             self.committer,
-            self.topics.cached(),
+            self._maintainable(),
             self._options,
             self.storage.options,
             int(time.time() * 1000),
@@ -287,7 +392,7 @@ class Compactor:
         """Apply ``retention.ms``/``retention.bytes`` to every topic; entries removed."""
         now_ms = int(time.time() * 1000)
         removed = 0
-        for topic in self.topics.cached():
+        for topic in self._maintainable():
             if not TableSettings.of(topic, self._options).delete_with_retention:
                 removed += await retention.enforce(self.storage, topic, now_ms)
             elif plan := await retention.plan_expiry(self.storage, topic, now_ms):
@@ -338,25 +443,96 @@ class Compactor:
         """Compete for leadership and compact every ``interval_s`` while leader."""
         metadata = self.storage.metadata
         while not stop.is_set():
-            session = await metadata.open_session(self._options.lease_ttl_s)
             try:
-                await metadata.put(
-                    LEADER_KEY, b"", expected_version=MUST_NOT_EXIST, session=session
-                )
-            except AlreadyExistsError:
-                await session.close()
+                session = await metadata.open_session(self._options.lease_ttl_s)
+            except IcefloeError as exc:  # the store is down: compete again later
+                log.warning("cannot compete for compaction: %s", exc)
                 await _sleep_until(stop, self._options.interval_s)
                 continue
-            log.info("this broker leads compaction")
+            try:
+                won = await metadata.put(
+                    LEADER_KEY, b"", expected_version=MUST_NOT_EXIST, session=session
+                )
+            except IcefloeError as exc:
+                if not isinstance(exc, AlreadyExistsError):
+                    log.warning("cannot compete for compaction: %s", exc)
+                await _close_quietly(session)
+                await _sleep_until(stop, self._options.interval_s)
+                continue
+            lease = Lease(session, won.version)
+            log.info("this broker leads compaction (term %d)", lease.term)
+            self.committer.lease = lease
             self.committer.forget_tables()
             self._backlogs.clear()  # another leader may have compacted since this one last led
             try:
                 with self._yielding():
-                    await self._lead(stop, session)
+                    await self._lead_while_held(stop, lease)
             finally:
+                log.info("this broker stopped leading compaction (term %d)", lease.term)
+                self.committer.lease = UNLEADED
                 self._forget_backlog(self._reported_backlog)  # the next leader reports it
                 self._reported_backlog = set()
-                await session.close()
+                self._report_set_aside([])
+                await _close_quietly(session)
+
+    async def _lead_while_held(self, stop: asyncio.Event, lease: Lease) -> None:
+        """Lead until ``stop``, or until the session is lost. The moment the lease can no
+        longer be proven, the round under way is cancelled, whatever step it is at (the steps
+        are fenced, see :mod:`.leadership`); if a keep-alive is answered before the session is
+        lost, nobody else can have taken the leader key meanwhile, and the leader goes on in
+        the same term."""
+        session = lease.session
+        assert session is not None
+        while not stop.is_set():
+            leading = asyncio.create_task(self._lead(stop, lease))
+            try:
+                while not leading.done():
+                    remaining = lease.deadline() - time.monotonic()
+                    if remaining <= 0 or not session.alive:
+                        break
+                    await asyncio.wait({leading, session.lost}, timeout=remaining)
+                else:
+                    with contextlib.suppress(LeadershipLostError):
+                        leading.result()
+            finally:
+                leading.cancel()
+                await asyncio.gather(leading, return_exceptions=True)
+            if stop.is_set() or not await _renewed(lease, stop):
+                return
+
+    async def _lead(self, stop: asyncio.Event, lease: Lease) -> None:
+        """Compact, apply retention and maintain the tables every ``interval_s`` while this
+        compactor holds ``lease``; a pass that fails is tried again after a back-off."""
+        failed_passes = 0
+        while not stop.is_set():
+            lease.check()
+            try:
+                await self._pass()
+                failed_passes = 0
+            except LeadershipLostError:
+                raise
+            except Exception:
+                failed_passes += 1
+                log.warning("compaction failed; will retry", exc_info=True)
+            if time.monotonic() >= self._next_backlog_report:
+                # Reads every stream's newest index entries: not on every pass.
+                self._next_backlog_report = time.monotonic() + BACKLOG_REPORT_INTERVAL_S
+                with contextlib.suppress(IcefloeError):  # the gauges wait till next time
+                    await self.report_backlog()
+            pause = self._options.interval_s * 2 ** min(failed_passes, 10)
+            await _sleep_until(stop, min(pause, max(PASS_RETRY_MAX_S, self._options.interval_s)))
+
+    async def _pass(self) -> None:
+        """One pass of the leader: compaction, then retention, log compaction and table
+        maintenance when each is due."""
+        await self.compact_once()
+        if time.monotonic() >= self._next_retention_check:
+            self._next_retention_check = time.monotonic() + self._options.retention_check_interval_s
+            await self.enforce_retention()
+        await self.clean_once()
+        if time.monotonic() >= self._next_maintenance:
+            self._next_maintenance = time.monotonic() + self._options.maintenance_interval_s
+            await self.maintain()
 
     def _yielding(self) -> contextlib.AbstractContextManager[None]:
         """Waiting for a busy host, unless tasks run elsewhere (a Spark cluster takes no cores
@@ -365,33 +541,18 @@ class Compactor:
             return self._gate.engaged()
         return contextlib.nullcontext()
 
-    async def _lead(self, stop: asyncio.Event, session: Session) -> None:
-        """Compact, apply retention and maintain the tables every ``interval_s`` while this
-        compactor holds the lease of ``session``."""
-        while not stop.is_set() and session.alive:
-            try:
-                await self.compact_once()
-                if time.monotonic() >= self._next_retention_check:
-                    self._next_retention_check = (
-                        time.monotonic() + self._options.retention_check_interval_s
-                    )
-                    await self.enforce_retention()
-                await self.clean_once()
-                if time.monotonic() >= self._next_maintenance:
-                    self._next_maintenance = time.monotonic() + self._options.maintenance_interval_s
-                    await self.maintain()
-            except IcefloeError:
-                log.warning("compaction failed; will retry", exc_info=True)
-            if time.monotonic() >= self._next_backlog_report:
-                # Reads every stream's newest index entries: not on every pass.
-                self._next_backlog_report = time.monotonic() + BACKLOG_REPORT_INTERVAL_S
-                with contextlib.suppress(IcefloeError):  # the gauges wait till next time
-                    await self.report_backlog()
-            await _sleep_until(stop, self._options.interval_s)
-
-    async def _run(self, plan: Plan) -> Progress:
+    async def _run(self, plan: Plan) -> Progress | None:
+        """Take a new run through the saga; ``None`` if it failed (to be tried again)."""
         try:
-            record = await self.committer.finish(await self.committer.start(plan))
+            record = await self.committer.start(plan)
+        except LeadershipLostError:
+            raise
+        except Exception:
+            log.warning("compaction run %s could not start", plan.run_id, exc_info=True)
+            return None
+        try:
+            if await self._finish(record) is not None:
+                return None
         finally:
             # Their entries changed, or may have: summed up again unless known (below).
             before = {s.stream_id: self._backlogs.pop(s.stream_id, None) for s in plan.streams}
@@ -504,6 +665,34 @@ def _progress(record: TaskRecord, source_bytes: int) -> Progress:
         source_bytes=source_bytes,
         parquet_bytes=sum(f.size for f in files),
     )
+
+
+async def _renewed(lease: Lease, stop: asyncio.Event) -> bool:
+    """Wait until ``lease`` can be proven again (``True``), or its session is lost or
+    ``stop`` set."""
+    session = lease.session
+    assert session is not None
+    if not session.alive:
+        return False
+    log.warning(
+        "the compaction lease of term %d was not renewed in time: compaction waits until it "
+        "is, or until it is lost",
+        lease.term,
+    )
+    while time.monotonic() >= lease.deadline():
+        if stop.is_set() or session.lost.done():
+            return False
+        await asyncio.wait({session.lost}, timeout=RENEWAL_POLL_S)
+    log.info("the compaction lease of term %d is renewed: compaction goes on", lease.term)
+    return True
+
+
+async def _close_quietly(session: Session) -> None:
+    """Close ``session``; a store that cannot be reached lets it expire instead."""
+    try:
+        await session.close()
+    except IcefloeError as exc:
+        log.info("compaction session not closed (it expires): %s", exc)
 
 
 async def _sleep_until(stop: asyncio.Event, seconds: float) -> None:

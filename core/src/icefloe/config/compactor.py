@@ -87,4 +87,9 @@ class CompactorOptions(BaseModel):
     ``icefloe.table.compression``): every Parquet reader knows each of them. Files keep the
     codec they were written with; merges and log compaction write the topic's current one."""
     lease_ttl_s: float = Field(default=10.0, gt=0)
-    """The compaction leader's lease; a dead leader is replaced after about this long."""
+    """The compaction leader's lease; a dead leader is replaced after about this long. A
+    leader that cannot renew it stops acting after two thirds of it."""
+    set_aside_retry_s: float = Field(default=600.0, gt=0)
+    """How long a run that failed three times in a row is set aside before it is tried again
+    (doubling with each further failure, up to eight times this); ``icefloe tables retry``
+    ends the wait at once."""

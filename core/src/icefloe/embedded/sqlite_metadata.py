@@ -615,12 +615,16 @@ class _SqliteWatch(Watch):
 class _SqliteSession(Session):
     """A row in ``sessions``, kept alive by its store's heartbeat task."""
 
-    def __init__(self, store: SqliteMetadataStore, session_id: str, ttl: float) -> None:
+    def __init__(
+        self, store: SqliteMetadataStore, session_id: str, ttl: float, created_at: float
+    ) -> None:
+        """``created_at``: when the row was asked for (its deadline counts from later)."""
         self.id = session_id
         self.ttl = ttl
         self._store = store
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed = False
+        self.renewed_at = created_at
 
     @property
     def lost(self) -> asyncio.Future[None]:
@@ -963,10 +967,11 @@ class SqliteMetadataStore(MetadataStore):
 
     async def _open_session(self, ttl: float) -> Session:
         session_id = uuid.uuid4().hex
+        asked = time.monotonic()
         await self._write(self._db.create_session, session_id, ttl)
         # If close() ran meanwhile, nobody would end this session: let the reapers expire it.
         self._check_open()
-        session = _SqliteSession(self, session_id, ttl)
+        session = _SqliteSession(self, session_id, ttl, asked)
         self._sessions[session_id] = session
         self._heartbeats[session_id] = self._spawn(
             self._heartbeat_forever(session), f"heartbeat-{session_id[:8]}"
@@ -979,23 +984,36 @@ class SqliteMetadataStore(MetadataStore):
         return session
 
     async def _heartbeat_forever(self, session: _SqliteSession) -> None:
+        # A third of the ttl apart, on a clock shared by the store's sessions: those of one TTL
+        # renew at the same moment, and so in one group commit, rather than each with its own
+        # write. Each renewal is due a third after the one before was, however long that one
+        # took, so a leader's last third has one write to wait for, not two round trips; more
+        # often would wake every process's watch more often (docs/performance.md).
         period = session.ttl / 3
         while session.alive:
-            # On a clock shared by the store's sessions: those of one TTL renew at the same
-            # moment, and so in one group commit, rather than each with its own write.
-            await asyncio.sleep(period - time.monotonic() % period)
+            await asyncio.sleep(
+                max(0.0, min(period - time.monotonic() % period, session.remaining()))
+            )
+            sent = time.monotonic()
             try:
-                alive = await self._write(self._db.refresh_session, session.id, session.ttl)
+                async with asyncio.timeout(max(0.0, session.remaining())):
+                    alive = await self._write(self._db.refresh_session, session.id, session.ttl)
             except ClosedError:
                 return
-            except StorageError as exc:
-                # Keep trying: if the database stays unreachable past the deadline, the next
-                # successful refresh finds the session expired and reports it lost.
+            except (StorageError, TimeoutError) as exc:
+                # Keep trying until the deadline: past it, another process may have reaped the
+                # session (a database locked that long, or this process stopped).
+                if session.remaining() <= 0:
+                    _log.warning("session %s: no heartbeat for its ttl (%r)", session.id, exc)
+                    session.expire()
+                    return
                 _log.warning("heartbeat of session %s failed: %s", session.id, exc)
                 continue
             if not alive:
                 _log.warning("session %s expired before its heartbeat could renew it", session.id)
                 session.expire()
+            else:
+                session.renewed_at = sent
 
     async def _end_session(self, session: _SqliteSession) -> None:
         if session.closed:

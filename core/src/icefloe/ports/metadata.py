@@ -46,7 +46,14 @@ Sessions
     written with ``session=`` are ephemeral: they are deleted when the session is closed or,
     if its holder dies or stalls, within ``ttl`` seconds plus the adapter's reaping delay.
     Writing an ephemeral key again without ``session=`` makes it permanent.
-    ``Session.lost`` completes when the adapter learns the session expired.
+    The adapter renews the session at least every third of the ttl, counted from when the
+    keep-alive before was sent, not answered (a server's adapter every sixth:
+    :meth:`Session.until_keep_alive`).
+    ``Session.lost`` completes when the adapter learns the session expired, and at the latest
+    ``ttl`` seconds after the last keep-alive the server answered was *sent*
+    (``Session.renewed_at``): past that the server may have expired it, so a holder must not
+    go on acting on it. A holder that must stop before anyone else can take over (a leader)
+    stops earlier, at :meth:`Session.holds_until`.
 
 Capabilities
     ``MULTI_KEY_TRANSACTION``: :meth:`MetadataStore.transact` applies checks and writes on
@@ -91,6 +98,12 @@ TRANSACTION_WRITES: Final = 64
 """Writes an adapter with ``MULTI_KEY_TRANSACTION`` takes in one :meth:`MetadataStore.transact`
 at the least (etcd's default limit is 128 operations)."""
 SEQUENCE_COMPONENT_WIDTH: Final = 20
+KEEP_ALIVES_PER_TTL: Final = 6
+"""How many keep-alives a session on a server sends per ttl, each that long after the one before
+was sent (or as soon as it is answered, if later). A holder that stops at two thirds of the ttl
+(the compaction leader, :meth:`Session.holds_until`) then keeps proving its session as long as
+each keep-alive is answered within half the ttl; one sent a third of the ttl after the last
+answer left it a third of the ttl for two round trips, which a busy server or host exceeds."""
 
 
 _OPS: Final = (
@@ -228,6 +241,25 @@ class Session(abc.ABC):
 
     id: str
     ttl: float
+    renewed_at: float
+    """When (``time.monotonic()``) the last keep-alive the server answered was sent, or the
+    session was opened: the server holds the session until ``renewed_at + ttl`` at least."""
+
+    def holds_until(self, fraction: float = 1.0) -> float:
+        """The ``time.monotonic()`` until which this holder knows the session holds, with only
+        ``fraction`` of the ttl counted (a margin for the clocks' rates and a write under way)."""
+        return self.renewed_at + self.ttl * fraction
+
+    def remaining(self) -> float:
+        """Seconds left before the session may have expired on the server (``<= 0``: it may
+        have); adapters bound their keep-alives by it."""
+        return self.holds_until() - time.monotonic()
+
+    def until_keep_alive(self, last_sent: float) -> float:
+        """Seconds an adapter waits before the keep-alive that follows one sent at
+        ``last_sent`` (:data:`KEEP_ALIVES_PER_TTL`), never past the session's end."""
+        due = last_sent + self.ttl / KEEP_ALIVES_PER_TTL - time.monotonic()
+        return max(0.0, min(due, self.remaining()))
 
     @property
     @abc.abstractmethod

@@ -23,7 +23,7 @@ from icefloe.storage.coalesce import CoalescedReads
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.parquet_reader import ParquetRangeReader
-from icefloe.storage.rebuild import rebuild_groups
+from icefloe.storage.rebuild import empty_batch, rebuild_groups
 from icefloe.storage.rebuilt import RebuiltGroup, RebuiltGroups
 from icefloe.storage.recent import RecentWalObjects
 
@@ -430,6 +430,12 @@ class StreamReader:
             The offset after the last record appended, and whether the file was read to its
             end.
         """
+        if not location.row_groups:
+            # No rows (an aborted transaction and its marker): a batch of none moves the
+            # consumer to ``end``, as Kafka's empty batches do.
+            if offset < end:
+                out.add(empty_batch(offset, end), None)
+            return end, True
         groups = location.row_groups_from(offset)
         next_offset = offset
         for i, group in enumerate(groups):

@@ -2,8 +2,13 @@
 
 etcd lease TTLs are whole seconds with a server minimum (about 2 s with default election
 settings): the lease is granted for ``ceil(ttl)`` and etcd may raise it. The session reports
-itself lost when etcd answers a keep-alive with TTL 0 (the lease is gone), or when no keep-alive
-has succeeded for the granted TTL: by then etcd may have expired it.
+itself lost when etcd answers a keep-alive with TTL 0 (the lease is gone), or once the granted
+TTL has passed since the last keep-alive etcd answered was *sent*: etcd may have expired it by
+then. A keep-alive that etcd does not answer (a paused or restarting server) is given up at
+that moment, not after the connection's timeout, so the loss is reported on time. A keep-alive
+stream that ended (etcd went away between two keep-alives) is replaced by a new one; and if
+the keep-alives stop for any other reason, the session is reported lost, never left to run
+out unnoticed.
 """
 
 from __future__ import annotations
@@ -28,26 +33,30 @@ _log = logging.getLogger(__name__)
 class EtcdSession(Session):
     """An etcd lease; ``ttl`` is what etcd granted."""
 
-    def __init__(self, connection: EtcdConnection, lease_id: int, ttl: float) -> None:
-        """Use :meth:`open`."""
+    def __init__(
+        self, connection: EtcdConnection, lease_id: int, ttl: float, granted_at: float
+    ) -> None:
+        """Use :meth:`open`; ``granted_at`` is when the grant was asked for."""
         self.lease_id = lease_id
         self.id = f"{lease_id:x}"
         self.ttl = ttl
         self._connection = connection
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._last_renewal = time.monotonic()
+        # etcd counts the ttl from when it granted the lease, after it was asked for.
+        self.renewed_at = granted_at
         self._keep_alive = asyncio.get_running_loop().create_task(
             self._keep_alive_forever(), name=f"icefloe-etcd-lease-{self.id}"
         )
 
     @classmethod
     async def open(cls, connection: EtcdConnection, ttl: float) -> EtcdSession:
+        asked = time.monotonic()
         response = await connection.call(
             connection.leases.LeaseGrant,
             rpc.LeaseGrantRequest(TTL=math.ceil(ttl)),
             "grant lease",
         )
-        return cls(connection, response.ID, float(response.TTL))
+        return cls(connection, response.ID, float(response.TTL), asked)
 
     @property
     def lost(self) -> asyncio.Future[None]:
@@ -60,24 +69,28 @@ class EtcdSession(Session):
 
     async def _keep_alive_forever(self) -> None:
         stream: Any = None
+        sent = self.renewed_at
         try:
             while self.alive:
-                await asyncio.sleep(self.ttl / 3)
-                if time.monotonic() - self._last_renewal > self.ttl:
+                await asyncio.sleep(self.until_keep_alive(sent))
+                if self.remaining() <= 0:
                     _log.warning(
                         "etcd lease %s: no renewal for its ttl; reporting it lost", self.id
                     )
                     self.expire()
                     return
+                sent = time.monotonic()
                 try:
                     if stream is None:
                         stream = self._connection.leases.LeaseKeepAlive(
                             metadata=self._connection.metadata
                         )
-                    async with asyncio.timeout(self._connection.timeout):
+                    async with asyncio.timeout(min(self._connection.timeout, self.remaining())):
                         await stream.write(rpc.LeaseKeepAliveRequest(ID=self.lease_id))
                         response = await stream.read()
-                except (grpc.aio.AioRpcError, TimeoutError) as exc:
+                except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as exc:
+                    # InvalidStateError: the stream ended between two keep-alives (etcd went
+                    # away); a new one is opened for the next.
                     _log.info("etcd lease %s keep-alive failed: %r", self.id, exc)
                     if stream is not None:
                         stream.cancel()
@@ -90,7 +103,16 @@ class EtcdSession(Session):
                     _log.warning("etcd lease %s has expired", self.id)
                     self.expire()
                     return
-                self._last_renewal = time.monotonic()
+                if self.remaining() <= 0:
+                    # Answered too late: etcd (restarted, say) may have let the lease go and
+                    # another holder taken its keys meanwhile; a lost session stays lost.
+                    _log.warning("etcd lease %s renewed past its ttl; reporting it lost", self.id)
+                    self.expire()
+                    return
+                self.renewed_at = sent
+        except Exception:  # noqa: BLE001 - whatever stopped them, the holder must hear of it
+            _log.exception("etcd lease %s: keep-alives stopped; reporting it lost", self.id)
+            self.expire()
         finally:
             if stream is not None:
                 stream.cancel()

@@ -3,7 +3,9 @@
 An Oxia session belongs to one shard, and an ephemeral key must name a session of the shard
 that stores it, so a port session holds one Oxia session per shard (opened up front for the
 shards known at the time, later ones on first use). The server deletes a session's keys when
-it closes or misses heartbeats for its timeout.
+it closes or misses heartbeats for its timeout. The port session reports itself lost once that
+timeout has passed since the last heartbeat the servers answered was *sent* (a heartbeat still
+unanswered then is given up): a server may have expired the session by then.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class OxiaSession(Session):
         self._connection = connection
         self._oxia_ids: dict[int, int] = {}
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._last_heartbeat = time.monotonic()
+        self.renewed_at = time.monotonic()  # before the first session is created: a safe bound
         self._heartbeat: asyncio.Task[None] | None = None
 
     @classmethod
@@ -87,21 +89,30 @@ class OxiaSession(Session):
             self._lost.set_result(None)
 
     async def _heartbeat_forever(self) -> None:
-        # Three beats per timeout: one lost beat is not yet an expiry.
+        # Several beats per timeout (the port's cadence): one lost beat is not yet an expiry.
+        sent = self.renewed_at
         while self.alive:
-            await asyncio.sleep(self.ttl / 3)
+            await asyncio.sleep(self.until_keep_alive(sent))
+            sent = time.monotonic()
             try:
-                await self._beat()
-                self._last_heartbeat = time.monotonic()
+                async with asyncio.timeout(max(0.0, self.remaining())):
+                    await self._beat()
             except SessionExpiredError:
                 _log.warning("Oxia session %s expired on the server", self.id)
                 self.expire()
-            except StorageError as exc:
-                # The server may still hold the session, but past the timeout it will not:
+                return
+            except (StorageError, TimeoutError) as exc:
+                # The server may still hold the session, but past the timeout it may not:
                 # report the loss rather than let the holder act on a dead session.
-                if time.monotonic() - self._last_heartbeat > self.ttl:
-                    _log.warning("Oxia session %s: no heartbeat for its ttl (%s)", self.id, exc)
+                if self.remaining() <= 0:
+                    _log.warning("Oxia session %s: no heartbeat for its ttl (%r)", self.id, exc)
                     self.expire()
+                continue
+            if self.remaining() <= 0:
+                _log.warning("Oxia session %s renewed past its ttl; reporting it lost", self.id)
+                self.expire()
+                return
+            self.renewed_at = sent
 
     async def _beat(self) -> None:
         shards = {shard.id: shard for shard in self._connection.shards()}
