@@ -1,0 +1,76 @@
+"""What Kafka consumers read of transactions whose ranges compaction and log compaction moved
+into data files, through real clients against a broker in this process whose compaction the
+test runs itself."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.support.read_chaos import (
+    InProcessIcefloe,
+    Reader,
+    read_confluent,
+    read_kafka_python,
+)
+from tests.support.read_model import READ_COMMITTED, READ_UNCOMMITTED
+
+READERS: list[Reader] = [read_confluent, read_kafka_python]
+
+
+@pytest.fixture
+def in_process(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[InProcessIcefloe]:
+    target = InProcessIcefloe(tmp_path / "data", replaced_wal_reads_s=request.param)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+def transactional(bootstrap: str, transactional_id: str) -> Producer:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    producer.init_transactions(30)
+    return producer
+
+
+def write_in_transaction(producer: Producer, topic: str, key: bytes, value: bytes) -> None:
+    producer.begin_transaction()
+    producer.produce(topic, key=key, value=value, partition=0)
+    assert producer.flush(30) == 0  # in the log before the transaction ends
+
+
+def compact_and_clean(target: InProcessIcefloe) -> None:
+    assert target.start_compaction("compact").result(120) is not None
+    target.start_compaction("clean").result(120)
+
+
+@pytest.mark.parametrize(
+    ("in_process", "policy"),
+    [(300, "compact,delete"), (0, "delete")],
+    ids=["cleaned", "read-from-the-data-file"],
+    indirect=["in_process"],
+)
+def test_a_transaction_aborted_in_a_data_file_hides_none_of_its_producers_later_records(
+    in_process: InProcessIcefloe, policy: str
+) -> None:
+    """A data file holds neither an aborted transaction's records nor its marker, so a fetch
+    that reads the file on into the WAL must not list the transaction as aborted: a consumer
+    would skip the same producer's transactional records from the transaction's first offset
+    on, until an abort marker that never comes, and lose a committed record that
+    read_uncommitted sees. The file is read once log compaction cleaned it, or at once by a
+    broker that did not cache the WAL entries it replaced."""
+    in_process.create_topic("ledger", {"cleanup.policy": policy})
+    producer = transactional(in_process.bootstrap, "ledger-writer")
+    write_in_transaction(producer, "ledger", b"a", b"aborted")  # offset 0, its marker at 1
+    producer.abort_transaction(30)
+    compact_and_clean(in_process)
+    write_in_transaction(producer, "ledger", b"b", b"committed")  # offset 2, in the WAL
+    producer.commit_transaction(30)
+    producer.close()
+    for read, isolation in itertools.product(READERS, (READ_COMMITTED, READ_UNCOMMITTED)):
+        seen, reached, _ = read(in_process.bootstrap, "ledger", isolation, 0, 4, 1 << 20)
+        assert (seen, reached) == ([(2, b"b", b"committed")], 4), (read.__name__, isolation)
