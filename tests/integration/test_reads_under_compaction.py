@@ -74,3 +74,37 @@ def test_a_transaction_aborted_in_a_data_file_hides_none_of_its_producers_later_
     for read, isolation in itertools.product(READERS, (READ_COMMITTED, READ_UNCOMMITTED)):
         seen, reached, _ = read(in_process.bootstrap, "ledger", isolation, 0, 4, 1 << 20)
         assert (seen, reached) == ([(2, b"b", b"committed")], 4), (read.__name__, isolation)
+
+
+@pytest.mark.parametrize("in_process", [0], ids=["reads-from-data-files"], indirect=True)
+def test_a_read_past_a_data_files_last_record_reaches_the_files_end(
+    in_process: InProcessIcefloe,
+) -> None:
+    """The offsets of a data file after its last record (here an aborted transaction, which
+    compaction leaves out) are read as one empty batch that ends at the file's end, so that a
+    consumer's position moves past them when nothing is read after them: the log end, or an
+    open transaction for read_committed. A read that returned nothing would leave the
+    consumer where it is for as long as the transaction stays open."""
+    in_process.create_topic("ledger", {})
+    plain = Producer({"bootstrap.servers": in_process.bootstrap})
+    plain.produce("ledger", key=b"k", value=b"plain", partition=0)  # offset 0
+    assert plain.flush(30) == 0
+    plain.close()
+    first = transactional(in_process.bootstrap, "first")
+    write_in_transaction(first, "ledger", b"a", b"aborted")  # offset 1, its marker at 2
+    first.abort_transaction(30)
+    first.close()
+    compact_and_clean(in_process)  # a data file of [0, 3) holding offset 0 only
+    second = transactional(in_process.bootstrap, "second")
+    write_in_transaction(second, "ledger", b"o", b"open")  # offset 3: the last stable offset
+    try:
+        for read, start in itertools.product(READERS, (0, 1, 2)):
+            seen, reached, _ = read(in_process.bootstrap, "ledger", READ_COMMITTED, start, 3, 300)
+            wanted = [(0, b"k", b"plain")] if start == 0 else []
+            assert (seen, reached) == (wanted, 3), (read.__name__, start)
+        for read in READERS:
+            seen, reached, _ = read(in_process.bootstrap, "ledger", READ_UNCOMMITTED, 2, 4, 300)
+            assert (seen, reached) == ([(3, b"o", b"open")], 4), read.__name__
+    finally:
+        second.abort_transaction(30)
+        second.close()

@@ -423,14 +423,22 @@ class StreamReader:
         """Append the batches of a data file holding offsets up to ``end``, from ``offset`` on,
         to ``out`` while it stays within ``max_bytes`` (its first batch always, if ``out`` is
         empty). Log compaction may have removed any of its records: reading on from an offset
-        it removed starts at the next record kept, and a read to the file's last record (or
-        from past it) ends at ``end``.
+        it removed starts at the next record kept, a read to the file's last record ends at
+        ``end``, and a read from past it takes an empty batch that ends there.
 
         Returns:
             The offset after the last record appended, and whether the file was read to its
             end.
         """
         groups = location.row_groups_from(offset)
+        if not groups:
+            # No record is left from ``offset`` to the file's end (compaction left out aborted
+            # records and markers, log compaction removed records): an empty batch over those
+            # offsets moves the consumer's position past them. Without it, a read that finds
+            # nothing after them (the log end, or an open transaction for read_committed)
+            # would return nothing, and the consumer would stay where it is.
+            out.add(records.empty_batch(offset, end), None)
+            return end, True
         next_offset = offset
         for i, group in enumerate(groups):
             rebuilt = await self._rebuilt.get(
