@@ -1,10 +1,25 @@
-"""What Kafka consumers read of transactions whose ranges compaction and log compaction moved
-into data files, through real clients against a broker in this process whose compaction the
-test runs itself."""
+"""What read_committed and read_uncommitted consumers read while transactions commit and abort,
+plain producers write, and compaction and log compaction run, on a ``compact,delete`` topic
+and a plain one: a seeded random driver checks every read against a model of what Kafka
+lets a consumer see (:mod:`tests.support.read_chaos`, :mod:`tests.support.read_model`),
+in-process (the driver runs compaction, cleaning and merges between and beside the clients'
+actions) and against ``icefloe serve`` (its compactor runs on its own, quickly); then the
+cases it found, each reduced to its few steps.
+
+The suite runs a short version. The long one, by hand::
+
+    ICEFLOE_READ_CHAOS_EPISODES=50 ICEFLOE_READ_CHAOS_ROUNDS=10 \\
+        uv run --no-sync pytest tests/integration/test_reads_under_compaction.py -n 0 \\
+        -k chaos --timeout 0
+
+and ``ICEFLOE_READ_CHAOS_SEED`` picks the first seed (each in-process episode and each serve
+round has a seed of its own; a failure names it, with the actions that led to it).
+"""
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,12 +28,20 @@ from confluent_kafka import Producer
 
 from tests.support.read_chaos import (
     InProcessIcefloe,
+    ReadChaos,
     Reader,
+    ServedIcefloe,
     read_confluent,
     read_kafka_python,
 )
 from tests.support.read_model import READ_COMMITTED, READ_UNCOMMITTED
 
+EPISODES = int(os.environ.get("ICEFLOE_READ_CHAOS_EPISODES", "1"))
+"""In-process episodes per setting (the suite's 1 takes about 10 s each)."""
+ROUNDS = int(os.environ.get("ICEFLOE_READ_CHAOS_ROUNDS", "1"))
+"""Rounds against ``icefloe serve``, each a server of its own."""
+STEPS = int(os.environ.get("ICEFLOE_READ_CHAOS_STEPS", "40"))
+SEED = int(os.environ.get("ICEFLOE_READ_CHAOS_SEED", "1"))
 READERS: list[Reader] = [read_confluent, read_kafka_python]
 
 
@@ -29,6 +52,48 @@ def in_process(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[InPro
         yield target
     finally:
         target.close()
+
+
+KEPT = pytest.mark.parametrize(
+    "in_process",
+    [0, 300],
+    ids=["reads-from-data-files", "reads-from-kept-wal-entries"],
+    indirect=True,
+)
+
+
+@KEPT
+def test_chaos_in_process(in_process: InProcessIcefloe) -> None:
+    """Episodes of random actions, compaction run by the driver; every read as the model says."""
+    for episode in range(EPISODES):
+        chaos = ReadChaos(in_process, SEED + episode, run=f"e{episode}")
+        try:
+            chaos.run_episode(STEPS)
+        finally:
+            chaos.close()
+        # The check ran (each topic is read to its end at least), on cleaned data files.
+        assert chaos.reads >= 4
+        assert chaos.did.get("clean", 0) > 0
+
+
+def test_chaos_against_serve(tmp_path: Path) -> None:
+    """Rounds of random actions against ``icefloe serve`` compacting and cleaning every fifth
+    of a second; every other round reads compacted ranges from the data files at once."""
+    for round_ in range(ROUNDS):
+        env = {"ICEFLOE_STORAGE__REPLACED_WAL_READS_S": "0"} if round_ % 2 else {}
+        target = ServedIcefloe.start(tmp_path / f"data-{round_}", env)
+        try:
+            chaos = ReadChaos(target, SEED + 10_000 + round_, run=f"r{round_}")
+            try:
+                chaos.run_episode(STEPS)
+            finally:
+                chaos.close()
+        finally:
+            assert target.running.stop() == 0
+        assert chaos.reads >= 4  # each topic at least, after a cleaning
+
+
+# --- the cases the chaos found ------------------------------------------------------------
 
 
 def transactional(bootstrap: str, transactional_id: str) -> Producer:
