@@ -173,3 +173,25 @@ def test_a_read_past_a_data_files_last_record_reaches_the_files_end(
     finally:
         second.abort_transaction(30)
         second.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="the committer commits a data file of no rows to Iceberg, which takes a file's "
+    "partition from its rows and refuses it; the compactor's process dies, and the next one "
+    "resumes the same run first: no topic reaches its tables any more",
+)
+def test_a_range_of_an_aborted_transaction_alone_reaches_the_tables(tmp_path: Path) -> None:
+    """Compaction of a range that holds only an aborted transaction and its marker (a data
+    file of no rows) commits, with both table formats on."""
+    target = InProcessIcefloe(tmp_path / "data", replaced_wal_reads_s=0, tables=True)
+    try:
+        target.create_topic("ledger", {})
+        producer = transactional(target.bootstrap, "ledger-writer")
+        write_in_transaction(producer, "ledger", b"a", b"aborted")
+        producer.abort_transaction(30)
+        producer.close()
+        assert target.start_compaction("compact").result(120) is not None
+    finally:
+        target.close()
