@@ -31,7 +31,7 @@ from icefloe.storage.batch import (
     read_header,
     split_and_validate,
 )
-from icefloe.storage.records import Record, build_batch, decode_batch
+from icefloe.storage.records import Record, build_batch, decode_batch, empty_batch
 
 T0 = 1_700_000_000_123
 
@@ -188,6 +188,23 @@ def test_build_refuses_a_header_field_out_of_range() -> None:
 def test_build_refuses_an_offset_before_the_base_offset() -> None:
     with pytest.raises(ValueError, match="offset"):
         build_batch([Record(4, T0, None, None)], base_offset=5)
+
+
+def test_an_empty_batch_holds_no_record_and_reaches_the_end_of_its_offsets() -> None:
+    batch = empty_batch(40, 47)
+    header, records = decode_batch(batch)
+    assert records == []
+    assert (header.base_offset, header.last_offset_delta, header.record_count) == (40, 6, 0)
+    assert (header.is_transactional, header.is_control) == (False, False)
+    assert header.producer_id == -1
+    [parsed] = list(MemoryRecords(batch))  # a client reads it too, and moves on to 47
+    assert parsed.validate_crc()
+    assert (list(parsed), parsed.next_offset) == ([], 47)
+
+
+def test_an_empty_batch_covers_at_least_one_offset() -> None:
+    with pytest.raises(ValueError, match=r"\[5, 5\)"):
+        empty_batch(5, 5)
 
 
 # --- agreement with kafka-python ------------------------------------------------------------

@@ -23,7 +23,7 @@ from icefloe.storage.coalesce import CoalescedReads
 from icefloe.storage.index import IndexEntry, ParquetLocation, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.parquet_reader import ParquetRangeReader
-from icefloe.storage.rebuild import empty_batch, rebuild_groups
+from icefloe.storage.rebuild import rebuild_groups
 from icefloe.storage.rebuilt import RebuiltGroup, RebuiltGroups
 from icefloe.storage.recent import RecentWalObjects
 
@@ -423,20 +423,23 @@ class StreamReader:
         """Append the batches of a data file holding offsets up to ``end``, from ``offset`` on,
         to ``out`` while it stays within ``max_bytes`` (its first batch always, if ``out`` is
         empty). Log compaction may have removed any of its records: reading on from an offset
-        it removed starts at the next record kept, and a read to the file's last record (or
-        from past it) ends at ``end``.
+        it removed starts at the next record kept, a read to the file's last record ends at
+        ``end``, and a read from past it takes an empty batch that ends there.
 
         Returns:
             The offset after the last record appended, and whether the file was read to its
             end.
         """
-        if not location.row_groups:
-            # No rows (an aborted transaction and its marker): a batch of none moves the
-            # consumer to ``end``, as Kafka's empty batches do.
-            if offset < end:
-                out.add(empty_batch(offset, end), None)
-            return end, True
         groups = location.row_groups_from(offset)
+        if not groups:
+            # No record is left from ``offset`` to the file's end (a file of no rows: a range
+            # of an aborted transaction and its marker; compaction left out aborted records
+            # and markers, log compaction removed records): an empty batch over those
+            # offsets moves the consumer's position past them. Without it, a read that finds
+            # nothing after them (the log end, or an open transaction for read_committed)
+            # would return nothing, and the consumer would stay where it is.
+            out.add(records.empty_batch(offset, end), None)
+            return end, True
         next_offset = offset
         for i, group in enumerate(groups):
             rebuilt = await self._rebuilt.get(

@@ -64,25 +64,6 @@ Encoded = tuple[pa.BinaryArray, Int64s]
 """Encoded values, and the byte length of each."""
 
 
-def empty_batch(base_offset: int, end_offset: int) -> bytes:
-    """A batch of no records over the offsets ``[base_offset, end_offset)``: what Kafka's log
-    cleaner keeps where it removed every record of a batch, so that a consumer's next fetch
-    starts at ``end_offset``. A data file of no rows (a range of an aborted transaction and
-    its marker) reads as one."""
-    header = np.zeros(1, dtype=_BATCH_HEADER)
-    header["base_offset"] = base_offset
-    header["batch_length"] = HEADER_SIZE - LOG_OVERHEAD
-    header["partition_leader_epoch"] = -1
-    header["magic"] = CURRENT_MAGIC
-    header["last_offset_delta"] = end_offset - 1 - base_offset
-    header["base_timestamp"] = header["max_timestamp"] = -1
-    header["producer_id"] = header["base_sequence"] = -1
-    header["producer_epoch"] = -1
-    batch = bytearray(header.tobytes())
-    struct.pack_into(">I", batch, CRC_AT, crc32c(batch[ATTRIBUTES_AT:]))
-    return bytes(batch)
-
-
 def rebuild_batches(table: pa.Table, end_offset: int | None = None) -> bytes:
     """Kafka v2 record batches (uncompressed) for the rows of ``table``, in offset order
     (:func:`rebuild_group`)."""

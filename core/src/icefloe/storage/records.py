@@ -204,6 +204,39 @@ def build_batch(
     return bytes(batch)
 
 
+def empty_batch(base_offset: int, end_offset: int) -> bytes:
+    """A v2 record batch of no records over the offsets ``[base_offset, end_offset)``: what
+    Kafka's log cleaner leaves of a batch it removed every record of (when it keeps the
+    batch). A consumer's position moves past its last offset, as past any batch's.
+
+    Raises:
+        ValueError: the range is empty or wider than a batch's offset delta reaches.
+    """
+    last_delta = end_offset - 1 - base_offset
+    if not 0 <= last_delta <= _INT32_MAX:
+        raise ValueError(f"no batch covers the offsets [{base_offset}, {end_offset})")
+    batch = bytearray(HEADER_SIZE)
+    HEADER.pack_into(
+        batch,
+        0,
+        base_offset,
+        HEADER_SIZE - LOG_OVERHEAD,
+        -1,  # partition leader epoch
+        CURRENT_MAGIC,
+        0,  # the CRC, written below
+        0,  # attributes: no compression, create time, neither transactional nor control
+        last_delta,
+        -1,  # no timestamps: there is no record
+        -1,
+        -1,  # no producer
+        -1,
+        -1,
+        0,
+    )
+    struct.pack_into(">I", batch, CRC_AT, crc32c(memoryview(batch)[ATTRIBUTES_AT:]))
+    return bytes(batch)
+
+
 def _append_record(out: bytearray, offset_delta: int, timestamp_delta: int, record: Record) -> None:
     body = bytearray(b"\x00")  # attributes: unused by v2 records
     _put_varint(body, timestamp_delta)

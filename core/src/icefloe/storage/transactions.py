@@ -18,6 +18,7 @@ facts live in the metadata store, written by the transaction coordinator (any br
 
 from __future__ import annotations
 
+import bisect
 import logging
 import struct
 import time
@@ -288,9 +289,51 @@ def transactional_producers(data: bytes | bytearray | memoryview) -> set[int]:
     found = set()
     for position, _, _, attributes in _batches(data):
         if attributes & _TRANSACTIONAL and not attributes & _CONTROL:
-            at = position + _PRODUCER_ID_AT
-            found.add(int.from_bytes(data[at : at + 8], signed=True))
+            found.add(_producer_id(data, position))
     return found
+
+
+class TransactionalBatches:
+    """Where each producer's transactional batches start in some data: its records' batches
+    and its markers."""
+
+    def __init__(self, parts: Iterable[bytes | bytearray | memoryview]) -> None:
+        self._records: dict[int, list[int]] = {}
+        self._markers: dict[int, set[int]] = {}
+        for data in parts:
+            for position, _, base, attributes in _batches(data):
+                if not attributes & _TRANSACTIONAL:
+                    continue
+                producer_id = _producer_id(data, position)
+                if attributes & _CONTROL:
+                    self._markers.setdefault(producer_id, set()).add(base)
+                else:
+                    self._records.setdefault(producer_id, []).append(base)
+
+    @property
+    def producers(self) -> set[int]:
+        """Producers with records (not only markers) in the data."""
+        return set(self._records)
+
+    def hold(self, aborted: AbortedTransaction) -> bool:
+        """Whether the data holds a record or the marker of the ``aborted`` transaction.
+
+        Only then may a fetch list it: a consumer skips a listed transaction's producer's
+        transactional batches from its first offset on until it meets its abort marker. The
+        data files hold neither the aborted records nor the marker, so a transaction aborted
+        in a range read from them, listed, would hide the producer's committed records that
+        follow (in the WAL) from a read_committed consumer.
+        """
+        bases = self._records.get(aborted.producer_id, [])
+        at = bisect.bisect_left(bases, aborted.first_offset)
+        return (at < len(bases) and bases[at] < aborted.marker_offset) or (
+            aborted.marker_offset in self._markers.get(aborted.producer_id, ())
+        )
+
+
+def _producer_id(data: bytes | bytearray | memoryview, position: int) -> int:
+    at = position + _PRODUCER_ID_AT
+    return int.from_bytes(data[at : at + 8], signed=True)
 
 
 def cut_before(data: bytes | bytearray | memoryview, offset: int) -> bytes | bytearray | memoryview:

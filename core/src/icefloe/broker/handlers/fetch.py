@@ -37,7 +37,11 @@ from icefloe.errors import IcefloeError
 from icefloe.security.acls import Operation, ResourceType
 from icefloe.storage.engine import StreamStorage
 from icefloe.storage.reader import OffsetOutOfRange, ReadResult, copy_small_views
-from icefloe.storage.transactions import cut_before, transactional_producers
+from icefloe.storage.transactions import (
+    TransactionalBatches,
+    cut_before,
+    transactional_producers,
+)
 from icefloe.topics import internal
 
 _NO_THROTTLE = datetime.timedelta(0)
@@ -363,9 +367,10 @@ async def _responses(
 
 
 async def _aborted(storage: StreamStorage, module: Any, target: _Partition) -> tuple[Any, ...]:
-    """The aborted transactions whose records the data may hold, for the consumer to skip."""
-    producers = _transactional_producers(target.parts)
-    if not producers or target.stream_id is None:
+    """The aborted transactions whose records or markers the data holds, for the consumer to
+    skip (:meth:`TransactionalBatches.hold`)."""
+    batches = TransactionalBatches(target.parts)
+    if not batches.producers or target.stream_id is None:
         return ()
     try:
         found = await storage.transactions.aborted(
@@ -378,7 +383,7 @@ async def _aborted(storage: StreamStorage, module: Any, target: _Partition) -> t
     return tuple(
         make(module.AbortedTransaction, producer_id=a.producer_id, first_offset=a.first_offset)
         for a in found
-        if a.producer_id in producers
+        if batches.hold(a)
     )
 
 
