@@ -9,8 +9,12 @@ once, read with read_committed.
 
     .venv/bin/python -m tests.chaos.eos_pipeline --minutes 5 --protocol consumer --seed 1
 
-Prints what it did and the tally; exits 1 unless the outputs hold each input exactly once.
-The short version is in the suite (tests/integration/test_eos_pipeline.py).
+Prints what it did and the tally; exits 1 unless the outputs hold each input exactly once,
+and then why, per input partition (tests/support/eos_diagnosis.py): inputs never processed
+(the pipeline stalled), or committed without their outputs, or whose committed outputs the
+read_committed read missed. ``--debug eos,cgrp,topic`` writes the members' librdkafka debug
+lines to their logs (with ``--keep``). The short version is in the suite
+(tests/integration/test_eos_pipeline.py).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.broker import broker_pids, start_icefloe
+from tests.support.eos_diagnosis import diagnose
 from tests.support.eos_pipeline import (
     InputFeed,
     PipelineWorker,
@@ -185,6 +190,7 @@ def _run(args: argparse.Namespace, folder: str) -> int:
                     chaos.say(f"the oldest broker killed ({len(victims)} were up)")
                 next_broker_kill = time.monotonic() + chaos.random.uniform(10, 15)
         chaos.say("faults over; waiting for the pipeline to catch up")
+        faults_over = time.monotonic()
         for timer in chaos.timers:
             timer.join()
         while chaos.replacements:
@@ -195,13 +201,22 @@ def _run(args: argparse.Namespace, folder: str) -> int:
             return 1
         if len(chaos.live()) < 2:
             chaos.start()
-        wait_until_consumed(cluster.bootstrap, "chaos", "chaos-in", IN_PARTITIONS, 600)
+        stalled = None
+        try:
+            wait_until_consumed(cluster.bootstrap, "chaos", "chaos-in", IN_PARTITIONS, 600)
+        except AssertionError as exc:  # the report below says where
+            stalled = str(exc)
+        caught_up = time.monotonic()
+        chaos.say("caught up" if stalled is None else f"stalled: {stalled}")
         for worker in chaos.live():
             worker.stop()
         values = read_committed(cluster.bootstrap, "chaos-out", OUT_PARTITIONS, 600)
     finally:
         cluster.stop()
     counted = tally(values, args.inputs)
+    if not (counted.exactly_once and counted.outputs == args.inputs) or stalled:
+        topics = ("chaos-in", "chaos-out")
+        print(diagnose(cluster.data_dir, topics, "chaos", args.inputs, values, chaos.workers))
     endings: Counter[str] = Counter()
     for worker in chaos.workers:
         for event in worker.events:
@@ -219,17 +234,18 @@ def _run(args: argparse.Namespace, folder: str) -> int:
         "repeated": len(counted.repeated),
         "faults": dict(chaos.faults),
         "members": len(chaos.workers),
-        "members_crashed": [
-            w.transactional_id
+        "members_ended_badly": {
+            f"{w.transactional_id} (pid {w.pid})": w.ending()
             for w in chaos.workers
             if not (w.killed or w.hung_closing) and w.exit_code() not in (0, None)
-        ],
+        },
         "closes_outlasting_30s": sum(w.hung_closing for w in chaos.workers),
+        "catch_up_s": round(caught_up - faults_over),
         "transactions": dict(endings),
         "elapsed_s": round(time.monotonic() - chaos.started),
     }
     print(json.dumps(summary))
-    return 0 if counted.exactly_once and counted.outputs == args.inputs else 1
+    return 0 if counted.exactly_once and counted.outputs == args.inputs and not stalled else 1
 
 
 def main() -> None:
@@ -242,7 +258,11 @@ def main() -> None:
         "--no-broker-kills", dest="broker_kills", action="store_false", help="members only"
     )
     parser.add_argument("--keep", action="store_true", help="keep the members' logs and events")
-    sys.exit(run(parser.parse_args()))
+    parser.add_argument("--debug", help="librdkafka debug contexts for the members' logs")
+    args = parser.parse_args()
+    if args.debug:
+        os.environ["ICEFLOE_EOS_DEBUG"] = args.debug  # the members inherit it
+    sys.exit(run(args))
 
 
 if __name__ == "__main__":

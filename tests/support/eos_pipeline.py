@@ -54,6 +54,8 @@ class PipelineWorker:
         """Killed by the test: its exit status says nothing of it."""
         self.hung_closing = False
         """Killed after its work was done, its client's close still waiting on the group."""
+        self.stuck_stopping: str | None = None
+        """Killed because it did not stop in time: the step it was in (its last event)."""
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
 
@@ -87,6 +89,10 @@ class PipelineWorker:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def events_copy(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.events)
 
     def seen(self, event: str, **match: Any) -> list[dict[str, Any]]:
         with self._lock:
@@ -135,6 +141,23 @@ class PipelineWorker:
         assert self.process is not None
         self.process.wait(30)
 
+    def ending(self) -> str:
+        """How the process ended, or that it runs."""
+        code = None if self.process is None else self.process.poll()
+        if code is None:
+            return "running"
+        if self.killed:
+            return "killed by the test"
+        if self.hung_closing:
+            return "its close outlasted its work by 30 s: killed"
+        if self.stuck_stopping is not None:
+            return f"did not stop after SIGTERM, its last event {self.stuck_stopping}: killed"
+        if code == 0:
+            return "stopped"
+        log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        error = [line for line in log.splitlines() if line and not line.startswith(("%", " "))]
+        return f"crashed (exit {code}): {error[-1] if error else 'no error in its log'}"
+
     def exit_code(self) -> int | None:
         assert self.process is not None
         return self.process.poll()
@@ -156,6 +179,11 @@ class PipelineWorker:
                     break
                 time.sleep(0.1)
             if self.process.poll() is None:
+                if not self.hung_closing:
+                    last = self.events_copy()[-1:] or [{"event": "nothing"}]
+                    self.stuck_stopping = ", ".join(
+                        f"{k} {v}" for k, v in last[0].items() if k != "t"
+                    )
                 self.process.kill()  # did not stop: its exit status says so
                 self.process.wait()
         if self._reader is not None:

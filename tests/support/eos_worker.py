@@ -5,8 +5,10 @@ process of its own so that a test can pause it (SIGSTOP), kill it (SIGKILL) or s
     python -m tests.support.eos_worker BOOTSTRAP GROUP TRANSACTIONAL_ID PROTOCOL IN OUT
         [--pause-at produced:N | sent:N]
 
-It reads IN read_committed and writes each record to OUT, its value prefixed with ``out-``,
-committing the offsets it read in the same transaction, as an exactly-once application does:
+It reads IN read_committed and writes each record to OUT, its value prefixed with ``out-``
+(headers name the member, its transaction and the input's partition and offset, for a
+failure's post-mortem), committing the offsets it read in the same transaction, as an
+exactly-once application does:
 
 - the offsets go with the group metadata of the moment the transaction began, so a member
   fenced since (a rebalance moved its partitions while it was paused) cannot commit them;
@@ -23,10 +25,15 @@ sent, before the commit: a pause the test then ends with SIGCONT, or a kill it m
 mid-transaction.
 
 It prints one JSON object per line: ``assigned``/``revoked``/``lost`` (partitions), ``start``
-(the first offset it reads of a partition it got), ``sent``
-and ``committed`` (transaction, partitions, records), ``aborted`` (transaction, error),
-``paused``, ``new-producer`` (error), ``seek-failed``, ``rejoined``, ``closing`` (done,
-leaving the group), ``stopped`` (records skipped as handed out again).
+(the first offset it reads of a partition it got), ``begun`` (transaction), ``sending`` and
+``committing`` (transaction: the step it is in, should it hang there), ``sent`` and
+``committed`` (transaction, partitions, records), ``aborted`` and ``new-producer``
+(transaction, error, partitions), ``paused``, ``seek-failed``, ``rejoined``, ``stopping`` (its loop
+saw SIGTERM), ``closing`` (done, leaving the group), ``stopped`` (records skipped as handed out
+again).
+
+``ICEFLOE_EOS_DEBUG`` set to librdkafka debug contexts (``eos,cgrp,topic``) writes the
+clients' debug lines to the member's log.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ SESSION_TIMEOUT_MS = 6000
 TRANSACTION_TIMEOUT_MS = 30_000
 """Longer than any pause a test makes: a paused member's transaction is still its own after."""
 CALL_TIMEOUT_S = 30
+DEBUG = os.environ.get("ICEFLOE_EOS_DEBUG")
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -93,6 +101,8 @@ class Worker:
         }
         if args.protocol == "classic":
             conf |= {"session.timeout.ms": SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 500}
+        if DEBUG:
+            conf["debug"] = DEBUG
         self.conf = conf
         self.consumer = Consumer(conf)
         self.producer = self.new_producer()
@@ -121,14 +131,15 @@ class Worker:
         )
 
     def new_producer(self) -> Producer:
-        producer = Producer(
-            {
-                "bootstrap.servers": self.args.bootstrap,
-                "transactional.id": self.args.transactional_id,
-                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                "linger.ms": 5,
-            }
-        )
+        conf = {
+            "bootstrap.servers": self.args.bootstrap,
+            "transactional.id": self.args.transactional_id,
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            "linger.ms": 5,
+        }
+        if DEBUG:
+            conf["debug"] = DEBUG
+        producer = Producer(conf)
         retry(lambda: producer.init_transactions(CALL_TIMEOUT_S))
         return producer
 
@@ -136,7 +147,11 @@ class Worker:
 
     def run(self) -> None:
         self.subscribe()
+        heard_stop = False
         while True:
+            if self.stop and not heard_stop:
+                heard_stop = True
+                emit("stopping")  # not from the signal handler: it may interrupt a print
             if self.rejoin:
                 self.new_consumer()
             for message in self.consumer.consume(100, 0.1):
@@ -171,13 +186,23 @@ class Worker:
             self.count += 1
             self.producer.begin_transaction()
             self.txn = Transaction(self.count, self.consumer.consumer_group_metadata())
+            emit("begun", txn=self.count)
         txn = self.txn
         txn.first.setdefault(partition, offset)
         txn.next[partition] = self.expected[partition] = offset + 1
         txn.records += 1
+        origin = [
+            ("member", self.args.transactional_id.encode()),
+            ("txn", str(txn.number).encode()),
+            ("input", f"{partition}:{offset}".encode()),
+            ("pid", str(os.getpid()).encode()),
+        ]
         try:
             self.producer.produce(
-                self.args.output, key=message.key(), value=b"out-" + message.value()
+                self.args.output,
+                key=message.key(),
+                value=b"out-" + message.value(),
+                headers=origin,
             )
         except KafkaException as exc:  # the transaction failed already
             self.failed(txn, exc.args[0])
@@ -190,6 +215,7 @@ class Worker:
         offsets = [TopicPartition(self.args.input, p, o) for p, o in sorted(txn.next.items())]
         self.pause_if("produced", txn)
         try:
+            emit("sending", txn=txn.number, partitions=sorted(txn.next))
             retry(
                 lambda: self.producer.send_offsets_to_transaction(
                     offsets, txn.group_metadata, CALL_TIMEOUT_S
@@ -197,6 +223,7 @@ class Worker:
             )
             emit("sent", txn=txn.number, partitions=sorted(txn.next))
             self.pause_if("sent", txn)
+            emit("committing", txn=txn.number)
             retry(lambda: self.producer.commit_transaction(CALL_TIMEOUT_S))
         except KafkaException as exc:
             self.failed(txn, exc.args[0])
@@ -215,10 +242,10 @@ class Worker:
             except KafkaException as exc:
                 error = exc.args[0]
             else:
-                emit("aborted", txn=txn.number, error=error.name())
+                emit("aborted", txn=txn.number, error=error.name(), partitions=sorted(txn.next))
                 self.rewind(txn)
                 return
-        emit("new-producer", txn=txn.number, error=error.name())
+        emit("new-producer", txn=txn.number, error=error.name(), partitions=sorted(txn.next))
         self.producer = self.new_producer()  # which ends what the old one left open
         self.rejoin = True
 
@@ -239,9 +266,10 @@ class Worker:
         assert txn is not None
         try:
             retry(lambda: self.producer.abort_transaction(CALL_TIMEOUT_S))
-            emit("aborted", txn=txn.number, error="partitions lost")
+            emit("aborted", txn=txn.number, error="partitions lost", partitions=sorted(txn.next))
         except KafkaException as exc:
-            emit("new-producer", txn=txn.number, error=exc.args[0].name())
+            error = exc.args[0].name()
+            emit("new-producer", txn=txn.number, error=error, partitions=sorted(txn.next))
             self.producer = self.new_producer()
             self.rejoin = True
         self.txn = None
