@@ -49,7 +49,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 BATCH_RECORDS = 50
 BATCH_SECONDS = 0.25
@@ -57,6 +64,9 @@ SESSION_TIMEOUT_MS = 6000
 TRANSACTION_TIMEOUT_MS = 30_000
 """Longer than any pause a test makes: a paused member's transaction is still its own after."""
 CALL_TIMEOUT_S = 30
+COMMITTED_TIMEOUT_S = 90
+"""Past the transaction timeout and the broker's sweep of timed-out transactions: the longest
+a partition's offsets stay pending."""
 DEBUG = os.environ.get("ICEFLOE_EOS_DEBUG")
 
 
@@ -283,8 +293,24 @@ class Worker:
     # --- rebalances -------------------------------------------------------------------------
 
     def assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Start the partitions at their stable committed offsets, asked for here rather than
+        left to the client: librdkafka (2.x) starts a partition whose committed offset was
+        unstable (UNSTABLE_OFFSET_COMMIT: a transaction's offsets pending) from
+        ``auto.offset.reset`` when its assignment changed while it asked, reading the
+        partition again from the start. ``committed()`` waits until they are stable."""
         self.owned |= {tp.partition for tp in partitions}
         emit("assigned", partitions=sorted(tp.partition for tp in partitions))
+        if partitions:
+            starts = consumer.committed(partitions, COMMITTED_TIMEOUT_S)
+            for tp in starts:
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+                if tp.offset < 0:  # nothing committed yet
+                    tp.offset = OFFSET_BEGINNING
+            if self.args.protocol == "classic":
+                consumer.assign(starts)
+            else:
+                consumer.incremental_assign(starts)
 
     def revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self.txn is not None:
