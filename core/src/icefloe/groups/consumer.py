@@ -311,15 +311,18 @@ def _expiry(member: ConsumerMember, alive: Mapping[str, int], options: GroupOpti
 
 
 def commit_error(group: ConsumerGroup, member_id: str, member_epoch: int) -> ErrorCode:
-    """Whether a consumer group accepts an OffsetCommit (or an OffsetFetch naming a member)."""
+    """Whether a consumer group accepts an OffsetCommit (or an OffsetFetch naming a member).
+
+    Any epoch but the member's is STALE_MEMBER_EPOCH, as Kafka answers, never
+    FENCED_MEMBER_EPOCH (a heartbeat's answer): after the first librdkafka asks for a
+    partition's offsets again once it has heartbeated; after the second it gives up on them,
+    and the partition does not start until its assignment changes."""
     if member_epoch < 0 and not group.members:
         return ErrorCode.none  # an admin client committing for an empty group
     member = group.member(member_id)
     if member is None:
         return ErrorCode.unknown_member_id
-    if member_epoch > member.member_epoch:
-        return ErrorCode.fenced_member_epoch
-    if member_epoch < member.member_epoch:
+    if member_epoch != member.member_epoch:
         return ErrorCode.stale_member_epoch
     return ErrorCode.none
 
