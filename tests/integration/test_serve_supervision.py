@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Message, Producer
+from confluent_kafka.admin import AdminClient
 
 from icefloe.broker.serve import MAX_CRASHES_IN_A_ROW
 from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
@@ -216,12 +217,15 @@ def test_a_killed_broker_is_restarted_at_once_however_often(tmp_path: Path) -> N
     running = start_icefloe(tmp_path / "data", brokers=2)
     try:
         _, other = broker_pids(running)
+        nodes = _node_ids(running)
         killed: list[int] = []
         for _ in range(MAX_CRASHES_IN_A_ROW + 1):  # more kills than crashes serve tolerates
             os.kill(_serving_broker(running, other, killed), signal.SIGKILL)
         _serving_broker(running, other, killed)
         assert running.process.poll() is None
         assert other in broker_pids(running)  # the other broker served throughout
+        # Restarted at its address, the broker kept its node id: clients wait on ids.
+        assert _node_ids(running) == nodes
     finally:
         running.stop()
     log = running.log_path.read_text()
@@ -261,6 +265,12 @@ def test_serve_gives_up_when_every_broker_keeps_crashing(tmp_path: Path) -> None
     log = running.log_path.read_text()
     assert f"every broker crashed {MAX_CRASHES_IN_A_ROW} times in a row" in log
     assert len(crashed) == MAX_CRASHES_IN_A_ROW
+
+
+def _node_ids(running: RunningIcefloe) -> dict[int, int]:
+    """The node ids the cluster's metadata lists, with their ports."""
+    listed = AdminClient({"bootstrap.servers": running.bootstrap}).list_topics(timeout=30)
+    return {broker.id: broker.port for broker in listed.brokers.values()}
 
 
 def _serving_broker(

@@ -26,7 +26,7 @@ from typing import Final
 
 import msgpack
 
-from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError
 from icefloe.keyspace import BROKERS, CLUSTER, prefix_end
 from icefloe.ports.metadata import MUST_NOT_EXIST, Follower, MetadataStore, Session, WatchEvent
 from icefloe.storage import counters
@@ -38,6 +38,7 @@ ZONE_TOKENS: Final = ("zone_id", "ws_az", "warpstream_az", "zone", "automq_az")
 """``client.id`` keys that name the client's zone (Ursa's, WarpStream's and AutoMQ's)."""
 OWNERS_CACHED: Final = 1 << 18
 """Partition owners a broker keeps computed, across topics (a topic's are computed at once)."""
+REGISTER_ATTEMPTS: Final = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,14 @@ async def registered_brokers(metadata: MetadataStore) -> list[BrokerInfo]:
         with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
             brokers.append(BrokerInfo.decode(record.value))
     return brokers
+
+
+def _same_address(registered: bytes, me: BrokerInfo) -> bool:
+    try:
+        other = BrokerInfo.decode(registered)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return False
+    return (other.host, other.port) == (me.host, me.port)
 
 
 def client_zone(client_id: str | None) -> str | None:
@@ -163,25 +172,48 @@ class Cluster:
         self.cluster_id = await self._cluster_id()
         self._session = await self._metadata.open_session(self._ttl)
         watch = await self._metadata.watch(BROKERS)
-        chosen = (
-            node_id if node_id is not None else await counters.increment(self._metadata, "node-id")
-        )
-        self.me = BrokerInfo(chosen, host, port, zone, metrics_port, listeners)
-        try:
-            await self._metadata.put(
-                f"{BROKERS}{chosen}",
-                self.me.encode(),
-                expected_version=MUST_NOT_EXIST,
-                session=self._session,
-            )
-        except AlreadyExistsError:
-            raise IcefloeError(
-                f"broker id {chosen} is already registered by a live broker; "
-                "choose another broker.node_id or leave it unset"
-            ) from None
+        if node_id is None:
+            node_id = await self._id_before_restart(host, port)
+        if node_id is None:
+            node_id = await counters.increment(self._metadata, "node-id")
+        self.me = BrokerInfo(node_id, host, port, zone, metrics_port, listeners)
+        await self._register(self.me)
         await self._reload()
         self._follower = Follower(watch, self._refresh, "broker-membership")
         return self.me
+
+    async def _id_before_restart(self, host: str, port: int) -> int | None:
+        """The node id registered at this broker's address by a session not lapsed yet: its
+        previous process, killed moments ago (this one holds its port now). A broker restarted
+        keeps its id, as Kafka's brokers do: clients keep a connection, and the coordinators
+        they found, per node id, and wait on an id that never comes back up."""
+        for info in await registered_brokers(self._metadata):
+            if (info.host, info.port) == (host, port):
+                return info.node_id
+        return None
+
+    async def _register(self, me: BrokerInfo) -> None:
+        """Register ``me`` under its node id, taking over the registration its own previous
+        process left at the same address (that process is gone: this one holds its port)."""
+        key = f"{BROKERS}{me.node_id}"
+        for _ in range(REGISTER_ATTEMPTS):
+            try:
+                await self._metadata.put(
+                    key, me.encode(), expected_version=MUST_NOT_EXIST, session=self._session
+                )
+                return
+            except AlreadyExistsError:
+                held = await self._metadata.get(key)
+            if held is not None and not _same_address(held.value, me):
+                raise IcefloeError(
+                    f"broker id {me.node_id} is already registered by a live broker; "
+                    "choose another broker.node_id or leave it unset"
+                )
+            if held is not None:
+                log.info("broker %d takes over its registration from before a restart", me.node_id)
+                with contextlib.suppress(ConflictError):  # lapsed or taken meanwhile: look again
+                    await self._metadata.delete(key, expected_version=held.version)
+        raise IcefloeError(f"broker id {me.node_id}: its registration kept changing; start again")
 
     async def leave(self) -> None:
         """Deregister (closing the session deletes the ephemeral record)."""

@@ -23,7 +23,8 @@ class BrokerOptions(BaseModel):
     zone: str | None = None
     """Availability zone of this broker, matched against clients' ``zone_id=`` tokens."""
     node_id: int | None = Field(default=None, ge=0)
-    """Fixed broker id; by default one is allocated from the metadata store."""
+    """Fixed broker id; by default one is allocated from the metadata store (a broker restarted
+    within its session takes the id its address still holds)."""
     strict_ownership: bool = False
     """Answer NOT_LEADER_OR_FOLLOWER to produce/fetch for partitions another broker owns."""
     auto_create_topics: bool = False
