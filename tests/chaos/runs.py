@@ -201,7 +201,7 @@ def broker_kill_round(
         result.stream = check_stream(stream, loads)
         result.never_handed, result.redelivered = check_group(readers, stream)
         result.redelivered_runs = redeliveries(readers)
-        caught_up = caught_up_tables(running, TOPIC, TABLES_GIVE_UP_S)
+        caught_up = caught_up_tables(running, TOPIC, TABLES_GIVE_UP_S, environment)
         took("tables")
         result.tables_after_s = time.monotonic() - last_fault
         if not caught_up:
@@ -211,7 +211,7 @@ def broker_kill_round(
                 f"the tables caught up {result.tables_after_s:.0f} s after the last fault, "
                 f"more than {TABLES_WITHIN_S:.0f} s"
             )
-        result.tables = check_tables(table_rows(running, TOPIC), stream)
+        result.tables = check_tables(table_rows(running, TOPIC, environment), stream)
     finally:
         if faults is not None and faults.is_alive():
             faults.stop()

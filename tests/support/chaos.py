@@ -545,21 +545,25 @@ def redeliveries(readers: GroupReaders) -> list[str]:
     return lines
 
 
-def caught_up_tables(running: RunningIcefloe, topic: str, give_up_s: float) -> bool:
+def caught_up_tables(
+    running: RunningIcefloe, topic: str, give_up_s: float, env: dict[str, str]
+) -> bool:
     """Wait until compaction has caught up with the topic in both tables; whether it did
-    within ``give_up_s`` seconds."""
+    within ``give_up_s`` seconds. ``env`` configures the cluster (its metadata store)."""
     deadline = time.monotonic() + give_up_s
     while time.monotonic() < deadline:
-        rows = [r for r in tables_json(running.data_dir) if r["topic"] == topic]
+        rows = [r for r in tables_json(running.data_dir, env) if r["topic"] == topic]
         if rows and all(r["lag_records"] == 0 for r in rows):
             return True
         time.sleep(1)
     return False
 
 
-def table_rows(running: RunningIcefloe, topic: str) -> dict[str, list[object]]:
+def table_rows(running: RunningIcefloe, topic: str, env: dict[str, str]) -> dict[str, list[object]]:
     """Both tables' rows, through pyiceberg and delta-rs."""
-    by_format = {r["format"]: r for r in tables_json(running.data_dir) if r["topic"] == topic}
+    listed = tables_json(running.data_dir, env)
+    by_format = {r["format"]: r for r in listed if r["topic"] == topic}
+    assert set(by_format) == {"iceberg", "delta"}, f"icefloe tables lists {listed}"
     catalog = running.data_dir / "iceberg-catalog.db"
     return {
         "iceberg": list(iceberg_rows(by_format["iceberg"]["identifier"], catalog, {})),
