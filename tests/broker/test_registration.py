@@ -4,6 +4,8 @@ never comes back up), and a node id held by a live broker elsewhere is refused."
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -72,3 +74,22 @@ async def test_a_configured_node_id_restarted_at_its_address_takes_its_registrat
     again = await Cluster(metadata, TTL_S).join("127.0.0.1", 9092, None, 7)
     assert again.node_id == 7
     assert [b.node_id for b in await registered_brokers(metadata)] == [7]
+
+
+async def test_a_broker_whose_session_is_lost_registers_again(
+    metadata: SqliteMetadataStore,
+) -> None:
+    cluster = Cluster(metadata, TTL_S)
+    me = await cluster.join("127.0.0.1", 9092, None, None)
+    try:
+        # What a metadata store down or paused past the ttl does: the session and the
+        # registration it owned are gone.
+        assert cluster._session is not None
+        await cluster._session.close()
+        deadline = time.monotonic() + 10
+        while [b.node_id for b in await registered_brokers(metadata)] != [me.node_id]:
+            assert time.monotonic() < deadline, "the broker did not register again"
+            await asyncio.sleep(0.05)
+    finally:
+        await cluster.leave()
+    assert await registered_brokers(metadata) == []

@@ -14,6 +14,7 @@ and transaction coordinators, one per key among many keys, stay with plain rende
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -39,6 +40,10 @@ ZONE_TOKENS: Final = ("zone_id", "ws_az", "warpstream_az", "zone", "automq_az")
 OWNERS_CACHED: Final = 1 << 18
 """Partition owners a broker keeps computed, across topics (a topic's are computed at once)."""
 REGISTER_ATTEMPTS: Final = 5
+REREGISTER_FIRST_S: Final = 1.0
+"""After its session is lost, a broker registers again at once, and while the metadata store
+does not answer, again after 1 s, 2, 4 ... up to :data:`REREGISTER_MAX_S`."""
+REREGISTER_MAX_S: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +155,7 @@ class Cluster:
         self._ttl = session_ttl
         self._session: Session | None = None
         self._follower: Follower | None = None
+        self._keeper: asyncio.Task[None] | None = None
         self._live: dict[int, BrokerInfo] = {}
         self._owners: OrderedDict[tuple[str, int, tuple[BrokerInfo, ...]], tuple[BrokerInfo, ...]]
         self._owners = OrderedDict()
@@ -177,10 +183,47 @@ class Cluster:
         if node_id is None:
             node_id = await counters.increment(self._metadata, "node-id")
         self.me = BrokerInfo(node_id, host, port, zone, metrics_port, listeners)
-        await self._register(self.me)
+        await self._register(self.me, self._session)
         await self._reload()
         self._follower = Follower(watch, self._refresh, "broker-membership")
+        self._keeper = asyncio.create_task(self._stay_registered(), name="broker-registration")
         return self.me
+
+    async def _stay_registered(self) -> None:
+        """Register again whenever the session is lost (the metadata store was down or paused
+        past its ttl, or restarted without it): a broker missing from the registrations is
+        missing from every client's metadata, though it serves."""
+        assert self.me is not None
+        while True:
+            assert self._session is not None
+            await asyncio.shield(self._session.lost)
+            log.warning("broker %d lost its session; registering again", self.me.node_id)
+            self._session = await self._register_again(self.me)
+            log.info("broker %d is registered again", self.me.node_id)
+            with contextlib.suppress(IcefloeError):
+                await self._reload()
+
+    async def _register_again(self, me: BrokerInfo) -> Session:
+        """A new session holding ``me``'s registration, once the metadata store answers."""
+        delay = REREGISTER_FIRST_S
+        while True:
+            try:
+                session = await self._metadata.open_session(self._ttl)
+                try:
+                    await self._register(me, session)
+                except BaseException:
+                    await session.close()
+                    raise
+                return session
+            except IcefloeError as exc:  # the store does not answer yet
+                log.warning(
+                    "broker %d could not register again (%s); retrying in %.0f s",
+                    me.node_id,
+                    exc,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REREGISTER_MAX_S)
 
     async def _id_before_restart(self, host: str, port: int) -> int | None:
         """The node id registered at this broker's address by a session not lapsed yet: its
@@ -192,14 +235,14 @@ class Cluster:
                 return info.node_id
         return None
 
-    async def _register(self, me: BrokerInfo) -> None:
+    async def _register(self, me: BrokerInfo, session: Session) -> None:
         """Register ``me`` under its node id, taking over the registration its own previous
         process left at the same address (that process is gone: this one holds its port)."""
         key = f"{BROKERS}{me.node_id}"
         for _ in range(REGISTER_ATTEMPTS):
             try:
                 await self._metadata.put(
-                    key, me.encode(), expected_version=MUST_NOT_EXIST, session=self._session
+                    key, me.encode(), expected_version=MUST_NOT_EXIST, session=session
                 )
                 return
             except AlreadyExistsError:
@@ -217,6 +260,9 @@ class Cluster:
 
     async def leave(self) -> None:
         """Deregister (closing the session deletes the ephemeral record)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
         if self._follower is not None:
             await self._follower.stop()
         if self._session is not None:
