@@ -329,8 +329,11 @@ class Compactor:
             for topic in record.topics:
                 counts[topic] = counts.get(topic, 0) + 1
         for topic in self._set_aside_topics - counts.keys():
-            with contextlib.suppress(KeyError):
-                metrics.COMPACTION_RUNS_SET_ASIDE.remove(topic)
+            if topic in self._reported_backlog:
+                metrics.COMPACTION_RUNS_SET_ASIDE.labels(topic).set(0)
+            else:  # deleted, or no longer ours to report
+                with contextlib.suppress(KeyError):
+                    metrics.COMPACTION_RUNS_SET_ASIDE.remove(topic)
         for topic, count in counts.items():
             metrics.COMPACTION_RUNS_SET_ASIDE.labels(topic).set(count)
         self._set_aside_topics = set(counts)
@@ -576,17 +579,25 @@ class Compactor:
             metrics.COMPACTION_BACKLOG_BYTES.labels(topic.name).set(waiting.size)
             age_s = max(0.0, now_ms - waiting.oldest_ms) / 1000 if waiting.records else 0.0
             metrics.COMPACTION_BACKLOG_AGE.labels(topic.name).set(age_s)
+            # Every topic's failures and set-aside runs are exported, at 0 while there are
+            # none, so that a rate or an alert on them has a series from the start.
+            metrics.COMPACTION_RUN_FAILURES.labels(topic.name)
+            if topic.name not in self._set_aside_topics:
+                metrics.COMPACTION_RUNS_SET_ASIDE.labels(topic.name).set(0)
             reported.add(topic.name)
         self._forget_backlog(self._reported_backlog - reported)
         self._reported_backlog = reported
 
     def _forget_backlog(self, topics: set[str]) -> None:
-        """Remove the backlog gauges of ``topics`` (deleted, or no longer ours to report)."""
+        """Remove the backlog gauges and failure counts of ``topics`` (deleted, or no longer
+        ours to report)."""
         for topic in topics:
             for gauge in (
                 metrics.COMPACTION_BACKLOG_RECORDS,
                 metrics.COMPACTION_BACKLOG_BYTES,
                 metrics.COMPACTION_BACKLOG_AGE,
+                metrics.COMPACTION_RUN_FAILURES,
+                metrics.COMPACTION_RUNS_SET_ASIDE,
             ):
                 with contextlib.suppress(KeyError):
                     gauge.remove(topic)
