@@ -40,6 +40,7 @@ ZONE_TOKENS: Final = ("zone_id", "ws_az", "warpstream_az", "zone", "automq_az")
 OWNERS_CACHED: Final = 1 << 18
 """Partition owners a broker keeps computed, across topics (a topic's are computed at once)."""
 REGISTER_ATTEMPTS: Final = 5
+"""Tries to register when the key keeps appearing and lapsing, before giving up."""
 REREGISTER_FIRST_S: Final = 1.0
 """After its session is lost, a broker registers again at once, and while the metadata store
 does not answer, again after 1 s, 2, 4 ... up to :data:`REREGISTER_MAX_S`."""
