@@ -296,27 +296,21 @@ class Compactor:
         if stored is None:
             return None
         streams = ", ".join(f"{s.topic}-{s.partition}" for s in stored.streams)
+        run = f"compaction run {stored.run_id}{stored.suffix} ({streams}, in state {stored.state})"
         if stored.retry_after_ms:
+            retry_at = time.localtime(stored.retry_after_ms / 1000)
             log.error(
-                "compaction run %s%s (%s, in state %s) set aside after %d failures in a row: %s. "
-                "Its partitions wait, the others go on; it is tried again at %s, or at once "
-                "after `icefloe tables retry`.",
-                stored.run_id,
-                stored.suffix,
-                streams,
-                stored.state,
+                "%s set aside after %d failures in a row: %s. Its partitions wait, the others "
+                "go on; it is tried again at %s, or at once after `icefloe tables retry`.",
+                run,
                 stored.failures,
                 stored.error,
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stored.retry_after_ms / 1000)),
+                time.strftime("%Y-%m-%d %H:%M:%S", retry_at),
             )
         else:
             log.warning(
-                "compaction run %s%s (%s, in state %s) failed (%d in a row); tried again next "
-                "round: %s",
-                stored.run_id,
-                stored.suffix,
-                streams,
-                stored.state,
+                "%s failed (%d in a row); tried again next round: %s",
+                run,
                 stored.failures,
                 stored.error,
                 exc_info=error,
