@@ -225,12 +225,30 @@ def test_members_that_do_not_rejoin_by_the_rebalance_deadline_are_dropped() -> N
     assert sorted(m.member_id for m in done.members) == ["a", "c"]
 
 
-def test_leader_that_never_syncs_restarts_the_rebalance() -> None:
+def test_leader_that_heartbeats_but_never_syncs_restarts_the_rebalance() -> None:
     g, _ = join(None, request(), new_id="a")
-    assert classic.advance(g, {}, g.deadline_ms - 1, OPTIONS) is None
-    again = classic.advance(g, {}, g.deadline_ms, OPTIONS)
+    alive = {"a": g.deadline_ms - 1}
+    assert classic.advance(g, alive, g.deadline_ms - 1, OPTIONS) is None
+    again = classic.advance(g, alive, g.deadline_ms, OPTIONS)
     assert again is not None
     assert again.state is ClassicState.PREPARING_REBALANCE
+
+
+def test_leader_gone_after_the_join_is_removed_at_its_session_timeout() -> None:
+    g, _ = join(None, request(), new_id="a")
+    g, _ = join(g, request(), new_id="b")
+    g, _ = join(g, request("a"))
+    assert (g.state, g.leader) == (ClassicState.COMPLETING_REBALANCE, "a")
+    follower_waiting = {"b": T0 + 9_500}  # kept alive by the broker holding its SyncGroup
+    assert classic.advance(g, follower_waiting, T0 + 9_999, OPTIONS) is None
+    after = classic.advance(g, follower_waiting, T0 + 10_000, OPTIONS)
+    assert after is not None
+    assert g.deadline_ms > T0 + 10_000  # the sync deadline is still far off
+    assert [m.member_id for m in after.members] == ["b"]
+    assert after.state is ClassicState.PREPARING_REBALANCE
+    assert classic.sync_result(after, "b", g.generation) == classic.SyncError(
+        ErrorCode.rebalance_in_progress
+    )
 
 
 def test_restarted_static_leader_takes_over_its_identity_and_leadership() -> None:

@@ -7,17 +7,26 @@ Every client library takes part: confluent-kafka with the classic protocol and w
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.heartbeat.v3.request import HeartbeatRequest
+from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+from kio.schema.sync_group.v3.request import SyncGroupRequest, SyncGroupRequestAssignment
+from kio.static.primitive import i32
 
+from icefloe.broker.protocol import make
 from icefloe.cluster import BROKERS, BrokerInfo, rendezvous_owner
 from icefloe.config import load_config
 from icefloe.groups.coordinator import Lease, read_lease
@@ -33,6 +42,7 @@ from tests.support.group_members import (
     repeats,
     wait_until,
 )
+from tests.support.kafka_wire import KafkaWire
 from tests.support.topics import create_topic
 
 PARTITIONS = 12
@@ -219,3 +229,89 @@ def test_group_survives_sigkill_of_the_broker_running_its_timers(tmp_path: Path)
         z2.stop()
         z1.stop()
     assert not [e for m in members for e in m.errors]
+
+
+LEADER_SESSION_MS = 6_000
+LEADER_REBALANCE_MS = 300_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["confluent-classic", "kafka-python"])
+def test_a_leader_gone_between_join_and_sync_is_replaced_at_its_session_timeout(
+    icefloe: RunningIcefloe, kind: str
+) -> None:
+    """The leader of a rebalance stops (a pause, a crash) right after its JoinGroup answer.
+
+    The follower waiting in SyncGroup for its assignment must not wait out the leader's
+    rebalance timeout (five minutes here): the leader's session ends, it is removed, and the
+    follower, alone now, gets every partition. The leader is a raw Kafka connection, so the
+    test knows the group is waiting on it; the follower a real client.
+    """
+    topic = group = f"vanishing-leader-{kind}"
+    create_topic(icefloe, topic, 2)
+    produce(icefloe.bootstrap, topic, range(20), 2)
+    with KafkaWire(icefloe.bootstrap) as leader:
+        member_id = _lead_alone(leader, group, topic)
+        follower = Member(kind, icefloe.bootstrap, group, topic).start()
+        try:
+            # Heartbeat until the follower's join starts a rebalance, then rejoin: the old
+            # leader leads again, and the group waits on its assignment.
+            wait_until(
+                lambda: _heartbeat(leader, group, member_id, 1) is ErrorCode.rebalance_in_progress,
+                "the follower's join starts a rebalance",
+            )
+            joined = leader.request(_join(group, member_id, topic))
+            assert (joined.error_code, joined.leader) == (ErrorCode.none, member_id)
+            assert len(joined.members) == 2  # the fault: the follower needs this leader's sync
+            wait_until(
+                lambda: len(follower.consumed) == 20,
+                "the follower, alone, consumes every record",
+                timeout=LEADER_SESSION_MS / 1000 + 30,
+            )
+        finally:
+            follower.stop()
+    assert sorted(value for _, _, value in follower.consumed) == sorted(expected(20))
+    assert not follower.errors
+
+
+def _lead_alone(leader: KafkaWire, group: str, topic: str) -> str:
+    """Join as the group's only member and sync; the member id."""
+    first = leader.request(_join(group, "", topic))
+    assert first.error_code is ErrorCode.member_id_required
+    joined = leader.request(_join(group, first.member_id, topic))
+    assert (joined.error_code, joined.leader) == (ErrorCode.none, first.member_id)
+    synced = leader.request(
+        make(
+            SyncGroupRequest,
+            group_id=group,
+            generation_id=joined.generation_id,
+            member_id=first.member_id,
+            group_instance_id=None,
+            assignments=(SyncGroupRequestAssignment(member_id=first.member_id, assignment=b""),),
+        )
+    )
+    assert synced.error_code is ErrorCode.none
+    return str(first.member_id)
+
+
+def _join(group: str, member_id: str, topic: str) -> JoinGroupRequest:
+    name = topic.encode()
+    subscription = struct.pack(">hih", 0, 1, len(name)) + name + struct.pack(">i", -1)
+    return make(
+        JoinGroupRequest,
+        group_id=group,
+        session_timeout=datetime.timedelta(milliseconds=LEADER_SESSION_MS),
+        rebalance_timeout=datetime.timedelta(milliseconds=LEADER_REBALANCE_MS),
+        member_id=member_id,
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=(JoinGroupRequestProtocol(name="range", metadata=subscription),),
+    )
+
+
+def _heartbeat(leader: KafkaWire, group: str, member_id: str, generation: int) -> ErrorCode:
+    time.sleep(0.5)
+    request = HeartbeatRequest(
+        group_id=group, generation_id=i32(generation), member_id=member_id, group_instance_id=None
+    )
+    return ErrorCode(leader.request(request).error_code)

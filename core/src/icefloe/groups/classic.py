@@ -483,11 +483,12 @@ _NEVER = 1 << 62
 
 
 def _expiry(group: ClassicGroup, member: ClassicMember, alive: Mapping[str, int]) -> int:
-    # As in Kafka, a member waiting for its JoinGroup or SyncGroup answer is kept alive: the
-    # rebalance deadline and the sync deadline bound those waits instead.
-    if group.state is ClassicState.COMPLETING_REBALANCE or (
-        group.state is ClassicState.PREPARING_REBALANCE and member.joined
-    ):
+    # As in Kafka, a member waiting for its JoinGroup answer is kept alive: the rebalance
+    # deadline bounds that wait instead. A member with its JoinGroup answer must sync or
+    # heartbeat within its session, or a leader that vanished right after the join would hold
+    # every follower until the sync deadline; followers waiting for the leader's assignment are
+    # kept alive by the broker serving their SyncGroup (``keys.ALIVE``).
+    if group.state is ClassicState.PREPARING_REBALANCE and member.joined:
         return _NEVER
     last_seen = max(member.last_seen_ms, alive.get(member.member_id, 0))
     return last_seen + member.session_timeout_ms

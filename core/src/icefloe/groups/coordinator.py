@@ -19,7 +19,8 @@ through this broker's metadata-store session, naming the broker (id, pid, addres
   compare-and-set keeps the record consistent.
 
 Long polls (a JoinGroup waiting for the rebalance to complete, a SyncGroup waiting for the
-leader) wait on change notifications of the group record, not on a sleep loop.
+leader) wait on change notifications of the group record, not on a sleep loop; a SyncGroup
+keeps its member alive meanwhile, as a member awaiting its assignment sends no heartbeats.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeVar
 
@@ -194,6 +195,30 @@ class GroupCoordinator:
             waiters.discard(event)
             if not waiters:
                 self._waiters.pop(group_id, None)
+
+    @contextlib.asynccontextmanager
+    async def kept_alive(
+        self, group_id: str, member_id: str, session_timeout_ms: int
+    ) -> AsyncIterator[None]:
+        """Keep a member alive while this broker holds its request: a follower waiting in
+        SyncGroup for the leader's assignment sends no heartbeats, and must not expire for the
+        leader's delay. Kept alive only as long as this broker (and the request) is."""
+
+        async def touch_until_cancelled() -> None:
+            while True:
+                try:
+                    await self.store.touch(group_id, member_id)
+                except IcefloeError as e:  # the wait goes on; the member may lapse meanwhile
+                    log.debug("group %r: keeping %s alive failed: %s", group_id, member_id, e)
+                await asyncio.sleep(max(session_timeout_ms / 3000, 0.1))
+
+        task = asyncio.create_task(touch_until_cancelled(), name=f"group-keep-alive:{group_id}")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def catalog(self) -> dict[str, TopicInfo]:
         """Every topic this broker knows, as assignors see them."""

@@ -194,6 +194,8 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
         if isinstance(outcome, classic.JoinNow):
             assert decision.stored is not None
             assert isinstance(decision.stored.group, ClassicGroup)
+            # Answered from the record as it is: the member's session starts over here.
+            await coordinator.store.touch(group_id, member_id)
             return answer(ErrorCode.none, member_id, decision.stored.group)
 
         def joined(group: Group | None) -> tuple[ErrorCode, Group | None] | None:
@@ -257,15 +259,17 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
         outcome = decision.result
         group = decision.stored.group if decision.stored else None
         if isinstance(outcome, classic.SyncWait):
-            rebalance_ms = _rebalance_timeout(group, member_id)
+            waiting = group.member(member_id) if isinstance(group, ClassicGroup) else None
+            assert waiting is not None  # SyncWait is only decided for a member of the group
 
             def synced(group: Group | None) -> tuple[classic.SyncOutcome, Group | None] | None:
                 result = classic.sync_result(group, member_id, generation)
                 return None if result is None else (result, group)
 
-            waited = await coordinator.wait_for(
-                group_id, synced, rebalance_ms / 1000 + _WAIT_MARGIN_S
-            )
+            async with coordinator.kept_alive(group_id, member_id, waiting.session_timeout_ms):
+                waited = await coordinator.wait_for(
+                    group_id, synced, waiting.rebalance_timeout_ms / 1000 + _WAIT_MARGIN_S
+                )
             if waited is None:
                 return answer(ErrorCode.rebalance_in_progress)
             outcome, group = waited
@@ -276,11 +280,6 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
         return answer(ErrorCode.none, outcome.assignment, group)
 
     return await guarded(answer, run())
-
-
-def _rebalance_timeout(group: Group | None, member_id: str) -> int:
-    member = group.member(member_id) if isinstance(group, ClassicGroup) else None
-    return member.rebalance_timeout_ms if member else 0
 
 
 # --- Heartbeat and LeaveGroup ---------------------------------------------------------------
