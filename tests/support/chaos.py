@@ -98,7 +98,7 @@ class BrokerKiller(threading.Thread):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            if not _gone(pid, 10.0):
+            if not process_gone(pid, 10.0):
                 self.failures.append(f"broker {pid} was still alive 10 s after SIGKILL")
             self.kills.append(Kill(at, pid, "broker"))
 
@@ -147,7 +147,7 @@ class StoreFaults(threading.Thread):
                 self.kills.append(Kill(at, process.pid, f"{self._server.name} killed"))
             else:
                 self._server.pause()
-                if not _stopped(process.pid):
+                if not process_stopped(process.pid):
                     self.failures.append(f"{self._server.name} did not stop on SIGSTOP")
                 time.sleep(self._pause_s)
                 self._server.resume()
@@ -159,7 +159,7 @@ class StoreFaults(threading.Thread):
         self.join()
 
 
-def _stopped(pid: int) -> bool:
+def process_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped by a signal (state T)."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -176,7 +176,7 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def _gone(pid: int, within: float) -> bool:
+def process_gone(pid: int, within: float) -> bool:
     """Whether process ``pid`` has died (a zombie counts: it is no longer running)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:

@@ -1,0 +1,214 @@
+"""One history run: a 3-broker cluster, real clients recording every operation, faults, then
+the history checked, the availability during each fault measured and both tables compared
+with what the final read saw.
+
+The suite runs a short one (tests/integration/test_histories.py); the long runs go through
+``python -m tests.history.run`` (``--help`` for the options), which prints one JSON line per
+run and writes each history, its faults and the clients' logs to a folder of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.history.checker import check
+from tests.history.model import load
+from tests.history.nemesis import KINDS, Nemesis
+from tests.history.recorder import History
+from tests.history.workload import Poller, Sender, Transactor, Values, Worker, final_read
+from tests.support.broker import start_icefloe
+from tests.support.chaos import (
+    caught_up_tables,
+    check_tables,
+    client_logger,
+    table_rows,
+    wait_for_brokers,
+)
+
+BROKERS: Final = 3
+TOPIC: Final = "history"
+SETTINGS: Final = {
+    # Tables close behind the stream, so that comparing them at the end is a real check.
+    "ICEFLOE_COMPACTOR__MAX_AGE_S": "5",
+    "ICEFLOE_COMPACTOR__MIN_AGE_S": "1",
+    "ICEFLOE_COMPACTOR__INTERVAL_S": "1",
+    # A paused broker's session and producer leases end during its pause (see nemesis).
+    "ICEFLOE_BROKER__SESSION_TTL_S": "6",
+    "ICEFLOE_STORAGE__PRODUCER_LEASE_S": "4",
+}
+TABLES_GIVE_UP_S: Final = 300.0
+STALL_AFTER_S: Final = 30.0
+"""A fault's stall is looked for from its start to this long after its end."""
+
+
+@dataclass
+class RunResult:
+    seed: int
+    faults_asked: list[str]
+    protocol: str
+    seconds: float = 0.0
+    operations: int = 0
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    check: dict[str, Any] = field(default_factory=dict)
+    """The checker's report of the history."""
+    unread_keys: list[str] = field(default_factory=list)
+    """Keys the final read could not read to their end (a last stable offset stuck)."""
+    tables: dict[str, list[str]] = field(default_factory=dict)
+    tables_after_s: float | None = None
+    """When both tables held what the final read saw, after it (``None``: never)."""
+    problems: list[str] = field(default_factory=list)
+    """Failures of the run itself: a fault that did not happen, a worker's own error."""
+    folder: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return (
+            bool(self.check.get("valid"))
+            and not self.unread_keys
+            and not any(self.tables.values())
+            and self.tables_after_s is not None
+            and not self.problems
+        )
+
+
+def history_run(
+    folder: Path,
+    seconds: float,
+    faults: list[str],
+    seed: int,
+    *,
+    protocol: str | None = None,
+    partitions: int = 4,
+    senders: int = 3,
+    pollers: int = 2,
+    transactors: int = 2,
+) -> RunResult:
+    folder.mkdir(parents=True, exist_ok=True)
+    protocol = protocol or ("consumer" if seed % 2 else "classic")
+    result = RunResult(seed, faults, protocol, folder=str(folder))
+    running = start_icefloe(folder / "data", brokers=BROKERS, env=SETTINGS)
+    try:
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(30)
+        history = History(folder / "history.jsonl")
+        values = Values()
+        client = {
+            "bootstrap.servers": running.bootstrap,
+            "logger": client_logger(folder / "clients.log"),
+        }
+        workers: list[Worker] = [
+            Sender(f"sender-{i}", history, seed * 100 + i, client, TOPIC, partitions, values)
+            for i in range(senders)
+        ]
+        workers += [
+            Poller(f"poller-{i}", history, seed * 200 + i, client, TOPIC, "pollers", protocol)
+            for i in range(pollers)
+        ]
+        workers += [
+            Transactor(
+                f"txn-{seed}-{i}",
+                history,
+                seed * 300 + i,
+                client,
+                TOPIC,
+                partitions,
+                "transactors",
+                protocol,
+                values,
+            )
+            for i in range(transactors)
+        ]
+        for worker in workers:
+            worker.start()
+        nemesis = Nemesis(running, faults, history, seed)
+        nemesis.start()
+        time.sleep(seconds)
+        nemesis.stop()
+        wait_for_brokers(running, BROKERS)
+        for worker in workers:
+            worker.stopping.set()  # all at once: each may take a while to finish its operation
+        for worker in workers:
+            worker.stop()
+        result.seconds = workload_ended = history.now()
+        stream, result.unread_keys = final_read(history, client, TOPIC, partitions)
+        path = history.close()
+        result.operations = history.operations
+        result.faults = [f.as_json() for f in nemesis.faults]
+        result.problems += nemesis.failures + [e for w in workers for e in w.errors]
+        if not nemesis.faults and faults:
+            result.problems.append("no fault happened")
+        result.check = _check(path)
+        _add_stalls(result.faults, path, workload_ended)
+        read_at = time.monotonic()
+        if caught_up_tables(running, TOPIC, TABLES_GIVE_UP_S, SETTINGS):
+            result.tables_after_s = round(time.monotonic() - read_at, 1)
+        result.tables = check_tables(table_rows(running, TOPIC, SETTINGS), stream)
+        (folder / "faults.json").write_text(json.dumps(result.faults, indent=1))
+        return result
+    finally:
+        running.stop()
+
+
+def _check(path: Path) -> dict[str, Any]:
+    return check(load(path)).to_dict()
+
+
+def _add_stalls(faults: list[dict[str, Any]], path: Path, workload_ended: float) -> None:
+    """Per fault: the longest time within it (and ``STALL_AFTER_S`` after it, while the
+    clients ran) in which no send was acknowledged, no poll returned a record, and no
+    transaction committed."""
+    done: dict[str, list[float]] = {"send": [], "poll": [], "txn": []}
+    with path.open() as history:
+        for line in history:
+            event = json.loads(line)
+            if event["type"] != "ok" or event["f"] not in done:
+                continue
+            if event["f"] == "poll" and not any(reads for _, reads in event["value"]):
+                continue
+            done[event["f"]].append(event["time"])
+    for fault in faults:
+        start, end = fault["began"], min(fault["ended"] + STALL_AFTER_S, workload_ended)
+        for f, times in done.items():
+            inside = [start] + [t for t in times if start < t < end] + [end]
+            fault[f"{f}_stalled_s"] = round(max(b - a for a, b in itertools.pairwise(inside)), 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.history.run",
+        description="Record and check client histories under faults.",
+    )
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--minutes", type=float, default=5.0, help="faults per run")
+    parser.add_argument(
+        "--faults", default="kill,pause", help=f"comma-separated, of: {', '.join(KINDS)}"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="of the first run; then +1")
+    parser.add_argument("--protocol", choices=["classic", "consumer"], help="default: by seed")
+    parser.add_argument("--folder", type=Path, help="default: a new temporary folder")
+    args = parser.parse_args(argv)
+    folder = args.folder or Path(tempfile.mkdtemp(prefix="icefloe-histories-"))
+    print(f"histories, faults and logs: {folder}", file=sys.stderr)
+    all_valid = True
+    for n in range(args.runs):
+        seed = args.seed + n
+        run_folder = folder / f"run-{seed}"
+        faults = args.faults.split(",")
+        result = history_run(run_folder, args.minutes * 60, faults, seed, protocol=args.protocol)
+        all_valid &= result.valid
+        print(json.dumps({**asdict(result), "valid": result.valid}), flush=True)
+    return 0 if all_valid else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
