@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Final
 
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
@@ -15,6 +16,10 @@ from icefloe.errors import (
     UnavailableError,
 )
 from icefloe.ports.table import TableSpec
+
+LOCATION_GONE: Final = "Invalid table location"
+"""How delta-rs's kernel reports a table root that does not exist: delta-rs checks the path
+before opening it, so this is a table dropped in between (its topic deleted), not damage."""
 
 
 @contextlib.contextmanager
@@ -37,4 +42,6 @@ def translated(spec: TableSpec) -> Iterator[None]:
     except OSError as exc:
         raise UnavailableError(f"{name}: storage I/O failed ({exc})") from exc
     except DeltaError as exc:
+        if LOCATION_GONE in str(exc):
+            raise NotFoundError(f"{name} does not exist") from exc
         raise StorageError(f"{name}: {exc}") from exc
