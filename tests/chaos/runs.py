@@ -134,7 +134,7 @@ def broker_kill_round(
     """
     folder.mkdir(parents=True, exist_ok=True)
     server = None if store == "sqlite" else STORES[store](folder / store)
-    environment = {**QUICK_COMPACTION, **_store_settings(store, server), **(env or {})}
+    environment = {**QUICK_COMPACTION, **store_settings(store, server), **(env or {})}
     protocol = group_protocol or ("consumer" if seed % 2 else "classic")
     result = RoundResult(seed, folder, protocol)
     running = start_icefloe(folder / "data", brokers=BROKERS, env=environment)
@@ -235,7 +235,7 @@ STORES = {"etcd": start_etcd, "oxia": start_oxia}
 STORE_FAULT_EVERY = (20.0, 30.0)
 
 
-def _store_settings(store: str, server: MetadataServer | None) -> dict[str, str]:
+def store_settings(store: str, server: MetadataServer | None) -> dict[str, str]:
     """What points ``serve`` at the round's metadata store."""
     if server is None:
         return {}

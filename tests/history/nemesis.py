@@ -5,6 +5,9 @@ during each one.
 - ``kill``: SIGKILL one of ``serve``'s brokers at random (``serve`` starts it again).
 - ``pause``: SIGSTOP one broker for longer than its metadata-store session and producer leases,
   then SIGCONT: it wakes up believing it still owns what others have taken over meanwhile.
+- ``store-kill``: SIGKILL the metadata server (etcd, Oxia), start it again on its data after a
+  few seconds.
+- ``store-pause``: SIGSTOP the metadata server past every session's TTL, then SIGCONT.
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from typing import Final
 from tests.history.recorder import History
 from tests.support.broker import RunningIcefloe, broker_pids
 from tests.support.chaos import process_gone, process_stopped
+from tests.support.servers import ServerProcess
 
-KINDS: Final = ("kill", "pause")
+KINDS: Final = ("kill", "pause", "store-kill", "store-pause")
+STORE_KINDS: Final = ("store-kill", "store-pause")
 EVERY_S: Final = (8.0, 14.0)
 """Seconds between the end of one fault and the start of the next (a range)."""
 PAUSE_S: Final = (12.0, 18.0)
-"""How long a paused broker stays stopped: past the session TTL the runs configure."""
+"""How long a paused process stays stopped: past the session TTL the runs configure."""
+STORE_DOWN_S: Final = 3.0
+"""How long a killed metadata server stays down."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +50,21 @@ class Nemesis(threading.Thread):
     """Injects the given kinds of faults in turn, at random times, until stopped."""
 
     def __init__(
-        self, running: RunningIcefloe, kinds: list[str], history: History, seed: int
+        self,
+        running: RunningIcefloe,
+        kinds: list[str],
+        history: History,
+        seed: int,
+        store: ServerProcess | None = None,
     ) -> None:
         super().__init__(name="nemesis", daemon=True)
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        if store is None and set(kinds) & set(STORE_KINDS):
+            raise ValueError("metadata-store faults need a metadata server (--store etcd|oxia)")
         self._running = running
+        self._store = store
         self._kinds = kinds
         self._history = history
         self._random = random.Random(seed)
@@ -62,17 +77,26 @@ class Nemesis(threading.Thread):
     def run(self) -> None:
         n = 0
         while not self._stopping.wait(self._random.uniform(*EVERY_S)):
-            pids = broker_pids(self._running)
-            if not pids:
-                continue  # serve is starting them again
-            pid = self._random.choice(pids)
             kind = self._kinds[n % len(self._kinds)]
             began = self._history.now()
-            if kind == "kill":
-                self._kill(pid)
+            if kind in STORE_KINDS:
+                assert self._store is not None
+                target = self._store.name
+                if kind == "store-kill":
+                    self._kill_store(self._store)
+                else:
+                    self._pause_store(self._store)
             else:
-                self._pause(pid)
-            self.faults.append(Fault(kind, f"broker {pid}", began, self._history.now()))
+                pids = broker_pids(self._running)
+                if not pids:
+                    continue  # serve is starting them again
+                pid = self._random.choice(pids)
+                target = f"broker {pid}"
+                if kind == "kill":
+                    self._kill(pid)
+                else:
+                    self._pause(pid)
+            self.faults.append(Fault(kind, target, began, self._history.now()))
             n += 1
 
     def _kill(self, pid: int) -> None:
@@ -97,6 +121,24 @@ class Nemesis(threading.Thread):
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             self.failures.append(f"broker {pid} died while paused")
+
+    def _kill_store(self, store: ServerProcess) -> None:
+        process = store.process
+        assert process is not None
+        store.kill()
+        if process.poll() is None:
+            self.failures.append(f"{store.name} survived SIGKILL")
+        time.sleep(STORE_DOWN_S)
+        store.start()
+
+    def _pause_store(self, store: ServerProcess) -> None:
+        process = store.process
+        assert process is not None
+        store.pause()
+        if not process_stopped(process.pid):
+            self.failures.append(f"{store.name} did not stop on SIGSTOP")
+        time.sleep(self._random.uniform(*PAUSE_S))
+        store.resume()
 
     def stop(self) -> None:
         self._stopping.set()

@@ -35,6 +35,8 @@ class Completed:
     completed: float
     type: str
     value: Any
+    error: str | None = None
+    """Why it failed or its outcome is unknown, as the client said."""
 
 
 class History:
@@ -71,6 +73,8 @@ class History:
                 # when both have the same time, and the order of a process's operations.
                 line = {"t": when, "s": next(self._order), "process": op.process, "f": op.f}
                 line |= {"type": kind, "value": value}
+                if kind != "invoke" and op.error is not None:
+                    line["error"] = op.error
                 self._spool.write(json.dumps(line) + "\n")
             self.operations += 1
 
@@ -84,6 +88,8 @@ class History:
             for index, e in enumerate(events):
                 line = {"index": index, "time": round(e["t"], 6), "process": e["process"]}
                 line |= {"type": e["type"], "f": e["f"], "value": e["value"]}
+                if "error" in e:
+                    line["error"] = e["error"]
                 out.write(json.dumps(line) + "\n")
         self._spool_path.unlink()
         return self.path

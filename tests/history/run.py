@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.chaos.runs import STORES, store_settings
 from tests.history.checker import check
 from tests.history.model import load
 from tests.history.nemesis import KINDS, Nemesis
@@ -56,6 +57,7 @@ class RunResult:
     seed: int
     faults_asked: list[str]
     protocol: str
+    store: str
     seconds: float = 0.0
     operations: int = 0
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -88,15 +90,25 @@ def history_run(
     seed: int,
     *,
     protocol: str | None = None,
+    store: str = "sqlite",
     partitions: int = 4,
     senders: int = 3,
     pollers: int = 2,
     transactors: int = 2,
 ) -> RunResult:
+    """Run the workload under ``faults`` for ``seconds``, then check it; the metadata is on
+    ``store``: the embedded SQLite, or an etcd or Oxia server started for the run."""
     folder.mkdir(parents=True, exist_ok=True)
     protocol = protocol or ("consumer" if seed % 2 else "classic")
-    result = RunResult(seed, faults, protocol, folder=str(folder))
-    running = start_icefloe(folder / "data", brokers=BROKERS, env=SETTINGS)
+    result = RunResult(seed, faults, protocol, store, folder=str(folder))
+    server = None if store == "sqlite" else STORES[store](folder / store)
+    settings = {**SETTINGS, **store_settings(store, server)}
+    try:
+        running = start_icefloe(folder / "data", brokers=BROKERS, env=settings)
+    except BaseException:
+        if server is not None:
+            server.process.stop()
+        raise
     try:
         admin = AdminClient({"bootstrap.servers": running.bootstrap})
         admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(30)
@@ -130,7 +142,7 @@ def history_run(
         ]
         for worker in workers:
             worker.start()
-        nemesis = Nemesis(running, faults, history, seed)
+        nemesis = Nemesis(running, faults, history, seed, server.process if server else None)
         nemesis.start()
         time.sleep(seconds)
         nemesis.stop()
@@ -150,13 +162,15 @@ def history_run(
         result.check = _check(path)
         _add_stalls(result.faults, path, workload_ended)
         read_at = time.monotonic()
-        if caught_up_tables(running, TOPIC, TABLES_GIVE_UP_S, SETTINGS):
+        if caught_up_tables(running, TOPIC, TABLES_GIVE_UP_S, settings):
             result.tables_after_s = round(time.monotonic() - read_at, 1)
-        result.tables = check_tables(table_rows(running, TOPIC, SETTINGS), stream)
+        result.tables = check_tables(table_rows(running, TOPIC, settings), stream)
         (folder / "faults.json").write_text(json.dumps(result.faults, indent=1))
         return result
     finally:
         running.stop()
+        if server is not None:
+            server.process.stop()
 
 
 def _check(path: Path) -> dict[str, Any]:
@@ -165,8 +179,8 @@ def _check(path: Path) -> dict[str, Any]:
 
 def _add_stalls(faults: list[dict[str, Any]], path: Path, workload_ended: float) -> None:
     """Per fault: the longest time within it (and ``STALL_AFTER_S`` after it, while the
-    clients ran) in which no send was acknowledged, no poll returned a record, and no
-    transaction committed."""
+    clients ran and no other fault began) in which no send was acknowledged, no poll returned
+    a record, and no transaction committed."""
     done: dict[str, list[float]] = {"send": [], "poll": [], "txn": []}
     with path.open() as history:
         for line in history:
@@ -176,8 +190,12 @@ def _add_stalls(faults: list[dict[str, Any]], path: Path, workload_ended: float)
             if event["f"] == "poll" and not any(reads for _, reads in event["value"]):
                 continue
             done[event["f"]].append(event["time"])
-    for fault in faults:
-        start, end = fault["began"], min(fault["ended"] + STALL_AFTER_S, workload_ended)
+    for fault, following in zip(faults, [*faults[1:], None], strict=True):
+        # Up to the next fault at most: a stall there is that fault's.
+        start = fault["began"]
+        end = min(fault["ended"] + STALL_AFTER_S, workload_ended)
+        if following is not None:
+            end = min(end, max(following["began"], fault["ended"]))
         for f, times in done.items():
             inside = [start] + [t for t in times if start < t < end] + [end]
             fault[f"{f}_stalled_s"] = round(max(b - a for a, b in itertools.pairwise(inside)), 1)
@@ -195,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1, help="of the first run; then +1")
     parser.add_argument("--protocol", choices=["classic", "consumer"], help="default: by seed")
+    parser.add_argument("--store", choices=["sqlite", *STORES], default="sqlite")
     parser.add_argument("--folder", type=Path, help="default: a new temporary folder")
     args = parser.parse_args(argv)
     folder = args.folder or Path(tempfile.mkdtemp(prefix="icefloe-histories-"))
@@ -204,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         seed = args.seed + n
         run_folder = folder / f"run-{seed}"
         faults = args.faults.split(",")
-        result = history_run(run_folder, args.minutes * 60, faults, seed, protocol=args.protocol)
+        result = history_run(
+            run_folder, args.minutes * 60, faults, seed, protocol=args.protocol, store=args.store
+        )
         all_valid &= result.valid
         print(json.dumps({**asdict(result), "valid": result.valid}), flush=True)
     return 0 if all_valid else 1

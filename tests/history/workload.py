@@ -90,9 +90,18 @@ class Worker(threading.Thread):
         """Run one client until stopped or until its outcome became unknown."""
         raise NotImplementedError
 
-    def done(self, f: str, invoked: float, invoke_value: Any, type: str, value: Any) -> None:
+    def done(
+        self,
+        f: str,
+        invoked: float,
+        invoke_value: Any,
+        type: str,
+        value: Any,
+        error: str | None = None,
+    ) -> None:
+        now = self.history.now()
         self.history.record(
-            Completed(self.process, f, invoked, invoke_value, self.history.now(), type, value)
+            Completed(self.process, f, invoked, invoke_value, now, type, value, error)
         )
 
     def stop(self) -> None:
@@ -165,8 +174,8 @@ class Sender(Worker):
             self.done("send", invoked, invoke, OK, [["send", k, [message.offset(), value]]])
             return True
         # An idempotent producer that gave up on a record cannot say whether it was written.
-        self.done("send", invoked, invoke, INFO, invoke)
-        return not error.fatal()
+        self.done("send", invoked, invoke, INFO, invoke, error=str(error))
+        return False
 
 
 class _Assignments:
@@ -267,11 +276,11 @@ class Poller(Worker):
         self.done("poll", invoked, invoke, OK, [["poll", _reads(self.topic, records)]])
         if fatal:
             return False
-        if records:
-            self._commit(consumer)
-        return True
+        return self._commit(consumer) if records else True
 
-    def _commit(self, consumer: Consumer) -> None:
+    def _commit(self, consumer: Consumer) -> bool:
+        """Commit the position; ``False`` when the outcome is unknown (the client is replaced,
+        as after any operation whose outcome is unknown)."""
         invoked = self.history.now()
         try:
             offsets = consumer.commit(asynchronous=False)
@@ -284,12 +293,13 @@ class Poller(Worker):
                 KafkaError.STALE_MEMBER_EPOCH,
                 KafkaError._NO_OFFSET,
             )
-            self.done("commit", invoked, {}, FAIL if definite else INFO, {})
-            return
+            self.done("commit", invoked, {}, FAIL if definite else INFO, {}, error=str(exc))
+            return definite
         committed = {
             key(self.topic, tp.partition): tp.offset for tp in offsets or [] if tp.offset >= 0
         }
         self.done("commit", invoked, committed, OK, committed)
+        return True
 
 
 class Transactor(Worker):
@@ -383,12 +393,12 @@ class Transactor(Worker):
             if error.txn_requires_abort():
                 try:
                     producer.abort_transaction(30)
-                except KafkaException:
-                    self.done("txn", invoked, invoke, INFO, invoke)
+                except KafkaException as failed:
+                    self.done("txn", invoked, invoke, INFO, invoke, error=str(failed))
                     return False
                 assignments.take()
                 return self._aborted(consumer, invoked, invoke)
-            self.done("txn", invoked, invoke, INFO, invoke)
+            self.done("txn", invoked, invoke, INFO, invoke, error=str(error))
             return False
         value: list[list[Any]] = [["poll", _reads(self.topic, records)]]
         value += [["send", key(self.topic, p), [acked.get(p), v]] for p, v in sends]
