@@ -46,6 +46,7 @@ INPUTS = 3000
 IN_PARTITIONS = 6
 OUT_PARTITIONS = 3
 FEED_SECONDS = 10
+PAUSED_TXN_TIMEOUT_MS = 120_000
 REFUSED = {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION"}
 """What the group answers a member that was paused past its session (classic: it was removed;
 KIP-848: likewise, or at another epoch if it came back first)."""
@@ -76,7 +77,12 @@ class Pipeline:
         create(cluster, self.topics[0], IN_PARTITIONS)
         create(cluster, self.topics[1], OUT_PARTITIONS)
 
-    def start(self, transactional_id: str, pause_at: str | None = None) -> PipelineWorker:
+    def start(
+        self,
+        transactional_id: str,
+        pause_at: str | None = None,
+        transaction_timeout_ms: int | None = None,
+    ) -> PipelineWorker:
         worker = PipelineWorker(
             self.bootstrap,
             self.group,
@@ -85,6 +91,7 @@ class Pipeline:
             self.topics,
             self.log_dir,
             pause_at,
+            transaction_timeout_ms,
         )
         self.workers.append(worker.start())
         return worker
@@ -182,8 +189,12 @@ def test_members_joining_leaving_pausing_and_dying_leave_each_input_output_once(
     cluster: RunningIcefloe, protocol: str, tmp_path: Path
 ) -> None:
     pipeline = Pipeline(cluster, protocol, f"eos-{protocol}", tmp_path)
-    late = pipeline.start("late", pause_at="sent:4")
-    zombie = pipeline.start("zombie", pause_at="produced:4")
+    # Their transactions must outlast both pauses and the group's moving of their partitions,
+    # however slow the machine: their timing out would be another test.
+    late = pipeline.start("late", pause_at="sent:4", transaction_timeout_ms=PAUSED_TXN_TIMEOUT_MS)
+    zombie = pipeline.start(
+        "zombie", pause_at="produced:4", transaction_timeout_ms=PAUSED_TXN_TIMEOUT_MS
+    )
     doomed = pipeline.start("doomed", pause_at="sent:3")
     with pipeline.running():
         pipeline.wait_until_assigned()  # each has partitions before the inputs come

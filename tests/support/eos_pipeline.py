@@ -40,6 +40,7 @@ class PipelineWorker:
         topics: tuple[str, str],
         log_dir: Path,
         pause_at: str | None = None,
+        transaction_timeout_ms: int | None = None,
     ) -> None:
         self.transactional_id = transactional_id
         self.log_path = log_dir / f"{transactional_id}-{time.monotonic_ns()}.log"
@@ -47,6 +48,8 @@ class PipelineWorker:
         command += [transactional_id, protocol, *topics]
         if pause_at:
             command += ["--pause-at", pause_at]
+        if transaction_timeout_ms:
+            command += ["--transaction-timeout-ms", str(transaction_timeout_ms)]
         self.command = command
         self.events: list[dict[str, Any]] = []
         self.process: subprocess.Popen[str] | None = None

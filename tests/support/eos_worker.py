@@ -144,7 +144,7 @@ class Worker:
         conf = {
             "bootstrap.servers": self.args.bootstrap,
             "transactional.id": self.args.transactional_id,
-            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            "transaction.timeout.ms": self.args.transaction_timeout_ms,
             "linger.ms": 5,
         }
         if DEBUG:
@@ -358,6 +358,7 @@ def main() -> None:
     for name in ("bootstrap", "group", "transactional_id", "protocol", "input", "output"):
         parser.add_argument(name)
     parser.add_argument("--pause-at")
+    parser.add_argument("--transaction-timeout-ms", type=int, default=TRANSACTION_TIMEOUT_MS)
     args = parser.parse_args()
     stopping: list[Worker] = []
 
