@@ -4,7 +4,8 @@ with what the final read saw.
 
 The suite runs a short one (tests/integration/test_histories.py); the long runs go through
 ``python -m tests.history.run`` (``--help`` for the options), which prints one JSON line per
-run and writes each history, its faults and the clients' logs to a folder of its own.
+run (:func:`summary`) and writes each run's history, full result, faults and clients' logs to
+a folder of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -173,6 +175,35 @@ def history_run(
             server.process.stop()
 
 
+def summary(result: RunResult) -> dict[str, Any]:
+    """One run in a line: what it did, each anomaly's count, the longest stall of each kind of
+    fault (sends / polls / transaction commits, in seconds) and the tables' verdict."""
+    anomalies = result.check.get("anomalies", {})
+    stalls: dict[str, list[float]] = {}
+    for fault in result.faults:
+        worst = stalls.setdefault(fault["kind"], [0.0, 0.0, 0.0])
+        for i, f in enumerate(("send", "poll", "txn")):
+            worst[i] = max(worst[i], fault.get(f"{f}_stalled_s", 0.0))
+    return {
+        "valid": result.valid,
+        "seed": result.seed,
+        "faults": dict(Counter(f["kind"] for f in result.faults)),
+        "store": result.store,
+        "protocol": result.protocol,
+        "seconds": round(result.seconds),
+        "operations": result.operations,
+        "acknowledged_writes": result.check.get("stats", {}).get("acknowledged_writes"),
+        "forbidden": {k: v["count"] for k, v in anomalies.items() if not v["allowed"]},
+        "allowed": {k: v["count"] for k, v in anomalies.items() if v["allowed"]},
+        "longest_stalls_s": stalls,
+        "unread_keys": result.unread_keys,
+        "tables_differences": {f: len(d) for f, d in result.tables.items()},
+        "tables_after_s": result.tables_after_s,
+        "problems": result.problems,
+        "folder": result.folder,
+    }
+
+
 def _check(path: Path) -> dict[str, Any]:
     return check(load(path)).to_dict()
 
@@ -227,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             run_folder, args.minutes * 60, faults, seed, protocol=args.protocol, store=args.store
         )
         all_valid &= result.valid
-        print(json.dumps({**asdict(result), "valid": result.valid}), flush=True)
+        full = {**asdict(result), "valid": result.valid}
+        (run_folder / "result.json").write_text(json.dumps(full, indent=1))
+        print(json.dumps(summary(result)), flush=True)
     return 0 if all_valid else 1
 
 
