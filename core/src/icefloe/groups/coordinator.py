@@ -208,8 +208,8 @@ class GroupCoordinator:
             while True:
                 try:
                     await self.store.touch(group_id, member_id)
-                except IcefloeError as e:  # the wait goes on; the member may lapse meanwhile
-                    log.debug("group %r: keeping %s alive failed: %s", group_id, member_id, e)
+                except IcefloeError as exc:  # the wait goes on; the member may lapse meanwhile
+                    log.debug("group %r: keeping %s alive failed: %s", group_id, member_id, exc)
                 await asyncio.sleep(max(session_timeout_ms / 3000, 0.1))
 
         task = asyncio.create_task(touch_until_cancelled(), name=f"group-keep-alive:{group_id}")
