@@ -62,6 +62,8 @@ class RunResult:
     store: str
     seconds: float = 0.0
     operations: int = 0
+    clients_replaced: int = 0
+    """Clients replaced after an operation whose outcome they could not know."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     check: dict[str, Any] = field(default_factory=dict)
     """The checker's report of the history."""
@@ -157,6 +159,7 @@ def history_run(
         stream, result.unread_keys = final_read(history, client, TOPIC, partitions)
         path = history.close()
         result.operations = history.operations
+        result.clients_replaced = sum(w.replaced for w in workers)
         result.faults = [f.as_json() for f in nemesis.faults]
         result.problems += nemesis.failures + [e for w in workers for e in w.errors]
         if not nemesis.faults and faults:
@@ -192,6 +195,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "protocol": result.protocol,
         "seconds": round(result.seconds),
         "operations": result.operations,
+        "clients_replaced": result.clients_replaced,
         "acknowledged_writes": result.check.get("stats", {}).get("acknowledged_writes"),
         "forbidden": {k: v["count"] for k, v in anomalies.items() if not v["allowed"]},
         "allowed": {k: v["count"] for k, v in anomalies.items() if v["allowed"]},

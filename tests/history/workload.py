@@ -12,8 +12,8 @@ is an integer no other write to that key uses, so a read says exactly which writ
 - :func:`final_read`: after the faults, every key read from its start by a fresh client.
 
 Each client is configured from ``client``: the bootstrap servers and a logger for its own log
-lines. A client whose outcome became unknown (a timeout, a fatal error) is closed and replaced by a
-new one under a new process number, as the history format requires.
+lines. A client whose outcome became unknown (a timeout, a fatal error) is closed and replaced
+by a new one under a new process number, as the history format requires.
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ class Worker(threading.Thread):
         self.stopping = threading.Event()
         self.errors: list[str] = []
         """Errors of the worker itself (not of operations): a bug of the run, not an anomaly."""
+        self.process = -1
+        """The history's number for the current client."""
         self.replaced = 0
+        """Clients replaced after an operation with an unknown outcome."""
 
     def run(self) -> None:
         try:
