@@ -28,7 +28,15 @@ from tests.history.checker import check
 from tests.history.model import load
 from tests.history.nemesis import KINDS, Nemesis
 from tests.history.recorder import History
-from tests.history.workload import Poller, Sender, Transactor, Values, Worker, final_read
+from tests.history.workload import (
+    Poller,
+    Sender,
+    Setup,
+    Transactor,
+    Values,
+    Worker,
+    final_read,
+)
 from tests.support.broker import start_icefloe
 from tests.support.chaos import (
     caught_up_tables,
@@ -117,31 +125,20 @@ def history_run(
         admin = AdminClient({"bootstrap.servers": running.bootstrap})
         admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(30)
         history = History(folder / "history.jsonl")
-        values = Values()
         client = {
             "bootstrap.servers": running.bootstrap,
             "logger": client_logger(folder / "clients.log"),
         }
+        setup = Setup(history, client, TOPIC, partitions, Values())
         workers: list[Worker] = [
-            Sender(f"sender-{i}", history, seed * 100 + i, client, TOPIC, partitions, values)
-            for i in range(senders)
+            Sender(f"sender-{i}", setup, seed * 100 + i) for i in range(senders)
         ]
         workers += [
-            Poller(f"poller-{i}", history, seed * 200 + i, client, TOPIC, "pollers", protocol)
+            Poller(f"poller-{i}", setup, seed * 200 + i, "pollers", protocol)
             for i in range(pollers)
         ]
         workers += [
-            Transactor(
-                f"txn-{seed}-{i}",
-                history,
-                seed * 300 + i,
-                client,
-                TOPIC,
-                partitions,
-                "transactors",
-                protocol,
-                values,
-            )
+            Transactor(f"txn-{seed}-{i}", setup, seed * 300 + i, "transactors", protocol)
             for i in range(transactors)
         ]
         for worker in workers:
@@ -156,7 +153,7 @@ def history_run(
         for worker in workers:
             worker.stop()
         result.seconds = workload_ended = history.now()
-        stream, result.unread_keys = final_read(history, client, TOPIC, partitions)
+        stream, result.unread_keys = final_read(setup)
         path = history.close()
         result.operations = history.operations
         result.clients_replaced = sum(w.replaced for w in workers)

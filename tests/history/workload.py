@@ -11,9 +11,9 @@ is an integer no other write to that key uses, so a read says exactly which writ
   (``send_offsets_to_transaction``), and commits, or now and then aborts.
 - :func:`final_read`: after the faults, every key read from its start by a fresh client.
 
-Each client is configured from ``client``: the bootstrap servers and a logger for its own log
-lines. A client whose outcome became unknown (a timeout, a fatal error) is closed and replaced
-by a new one under a new process number, as the history format requires.
+Every client takes its configuration, topic and values from one :class:`Setup`. A client
+whose outcome became unknown (a timeout, a fatal error) is closed and replaced by a new one
+under a new process number, as the history format requires.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import (
@@ -64,13 +65,29 @@ class Values:
             return value
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What every client of a run shares."""
+
+    history: History
+    client: dict[str, Any]
+    """Client configuration: the bootstrap servers and a logger for the clients' own lines."""
+    topic: str
+    partitions: int
+    values: Values
+
+
 class Worker(threading.Thread):
     """A client thread: performs operations until stopped, replacing its client when an
     outcome is unknown."""
 
-    def __init__(self, name: str, history: History, seed: int) -> None:
+    def __init__(self, name: str, setup: Setup, seed: int) -> None:
         super().__init__(name=name, daemon=True)
-        self.history = history
+        self.history = setup.history
+        self.client = setup.client
+        self.topic = setup.topic
+        self.partitions = setup.partitions
+        self.values = setup.values
         self.random = random.Random(seed)
         self.stopping = threading.Event()
         self.errors: list[str] = []
@@ -119,28 +136,16 @@ class Worker(threading.Thread):
 class Sender(Worker):
     """One record per operation, waiting for its acknowledgement."""
 
-    def __init__(
-        self,
-        name: str,
-        history: History,
-        seed: int,
-        client: dict[str, Any],
-        topic: str,
-        partitions: int,
-        values: Values,
-    ) -> None:
-        super().__init__(name, history, seed)
+    def __init__(self, name: str, setup: Setup, seed: int) -> None:
+        super().__init__(name, setup, seed)
         self._config: dict[str, Any] = {
-            **client,
+            **setup.client,
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 2,
             "delivery.timeout.ms": int(SEND_TIMEOUT_S * 1000),
             "client.id": name,
         }
-        self.topic = topic
-        self.partitions = partitions
-        self.values = values
 
     def session(self) -> None:
         producer = Producer(self._config)
@@ -237,18 +242,9 @@ def _group_consumer(client: dict[str, Any], group: str, name: str, protocol: str
 class Poller(Worker):
     """A consumer group member: each operation one poll, then a synchronous offset commit."""
 
-    def __init__(
-        self,
-        name: str,
-        history: History,
-        seed: int,
-        client: dict[str, Any],
-        topic: str,
-        group: str,
-        protocol: str,
-    ) -> None:
-        super().__init__(name, history, seed)
-        self.client, self.topic, self.group, self.protocol = client, topic, group, protocol
+    def __init__(self, name: str, setup: Setup, seed: int, group: str, protocol: str) -> None:
+        super().__init__(name, setup, seed)
+        self.group, self.protocol = group, protocol
 
     def session(self) -> None:
         consumer = _group_consumer(self.client, self.group, self.name, self.protocol)
@@ -308,22 +304,9 @@ class Poller(Worker):
 class Transactor(Worker):
     """Consume-transform-produce: poll, send, commit the read position with the transaction."""
 
-    def __init__(
-        self,
-        name: str,
-        history: History,
-        seed: int,
-        client: dict[str, Any],
-        topic: str,
-        partitions: int,
-        group: str,
-        protocol: str,
-        values: Values,
-    ) -> None:
-        super().__init__(name, history, seed)
-        self.client, self.topic, self.group, self.protocol = client, topic, group, protocol
-        self.partitions = partitions
-        self.values = values
+    def __init__(self, name: str, setup: Setup, seed: int, group: str, protocol: str) -> None:
+        super().__init__(name, setup, seed)
+        self.group, self.protocol = group, protocol
 
     def session(self) -> None:
         producer = Producer(
@@ -428,16 +411,17 @@ class Transactor(Worker):
 
 
 def final_read(
-    history: History, client: dict[str, Any], topic: str, partitions: int, within: float = 120.0
+    setup: Setup, within: float = 120.0
 ) -> tuple[dict[int, list[tuple[int, str]]], list[str]]:
     """Read every key from its start to its end (read_committed), as polls of a new process:
     partition → [(offset, value)] read, and the keys that could not be read to their end
     within ``within`` seconds."""
+    history, topic, partitions = setup.history, setup.topic, setup.partitions
     stream: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
     process = history.new_process()
     consumer = Consumer(
         {
-            **client,
+            **setup.client,
             "group.id": "history-final-read",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
