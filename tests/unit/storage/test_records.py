@@ -31,7 +31,8 @@ from icefloe.storage.batch import (
     read_header,
     split_and_validate,
 )
-from icefloe.storage.records import Record, build_batch, decode_batch, empty_batch
+from icefloe.storage.records import Record, build_batch, decode_batch, empty_batch, recompress
+from tests.support.kafka_wire import batch_with_deltas
 
 T0 = 1_700_000_000_123
 
@@ -289,6 +290,22 @@ def test_unknown_codec_is_unsupported_compression_type() -> None:
     with pytest.raises(BatchError) as caught:
         decode_batch(bytes(batch))
     assert caught.value.error_code is ErrorCode.unsupported_compression_type
+
+
+def test_recompressing_records_whose_offsets_are_not_consecutive_is_invalid_record() -> None:
+    sent = batch_with_deltas([(0, 1), (0, 1)])  # what Kafka calls not incremental
+
+    with pytest.raises(BatchError, match="consecutive offsets") as caught:
+        recompress(sent, Compression.ZSTD)
+    assert caught.value.error_code is ErrorCode.invalid_record
+
+
+def test_recompressing_records_too_far_apart_in_time_is_invalid_timestamp() -> None:
+    sent = batch_with_deltas([(-(2**63), 0), (2**63 - 1, 1)])
+
+    with pytest.raises(BatchError, match="too far") as caught:
+        recompress(sent, Compression.LZ4)
+    assert caught.value.error_code is ErrorCode.invalid_timestamp
 
 
 def test_garbage_compressed_payload_is_corrupt() -> None:
