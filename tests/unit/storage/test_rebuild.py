@@ -135,6 +135,31 @@ def test_records_whose_offsets_leave_their_batch_keep_offsets_of_their_own_batch
     assert offsets == [9, 10, 11, 12, 14]
 
 
+@pytest.mark.parametrize(
+    ("offsets", "bases", "problem"),
+    [
+        ([5, 4, 6], [4, 4, 4], "rise"),  # out of order
+        ([5, 5, 6], [5, 5, 5], "rise"),  # repeated
+        ([5, 6, 7], [5, 7, 7], "before its batch"),  # a row before its batch's base offset
+        ([5, 6, 2**31 + 5], [5, 5, 5], "reach past"),  # more than a batch's offsets reach
+    ],
+)
+def test_rows_that_could_not_come_from_batches_are_refused(
+    offsets: list[int], bases: list[int], problem: str
+) -> None:
+    """A data file changed in storage: refused (the reader answers it corrupt), not rebuilt
+    into batches that a consumer refuses or that move it backwards."""
+    rows = RowBuilder(partition=0)
+    rows.add_batch(build_batch([Record(i, T0, None, b"v") for i in range(3)]), 5)
+    table = rows.table()
+    for name, values in (("offset", offsets), ("batch_base_offset", bases)):
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, table.schema.field(index), [values])
+
+    with pytest.raises(ValueError, match=problem):
+        rebuild_batches(table)
+
+
 def test_log_append_time_batches_read_back_as_consumers_read_the_sent_ones() -> None:
     # Kafka gives every record of such a batch its max timestamp, so the bytes may differ.
     records = [Record(i, T0 + 5 * i, b"k", b"v") for i in range(4)]
