@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from icefloe.config import load_config, resolve_one
+from icefloe.errors import CorruptDataError
 from icefloe.ports.base import OpenContext
 from icefloe.ports.object_store import ObjectStore, RequestKind
 from icefloe.storage.parquet import RowBuilder, encode_parquet
@@ -67,6 +69,21 @@ async def test_reading_one_row_group_fetches_only_its_bytes(tmp_path: Path) -> N
     assert store.stats.bytes[RequestKind.GET] - fetched < 2 * size
     assert store.stats.bytes[RequestKind.GET] - fetched < len(data) / 2
     await store.close()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"PAR1", b"PAR1" + b"\0" * 8 + b"PAR1", b"PAR1\xff\xff\xff\x7fPAR1"],
+    ids=["empty", "shorter than a footer", "footer of 0 bytes", "footer longer than the file"],
+)
+async def test_a_file_that_cannot_hold_its_footer_is_corrupt(tmp_path: Path, data: bytes) -> None:
+    store = await open_store(tmp_path)
+    await store.put("f.parquet", data)
+    try:
+        with pytest.raises(CorruptDataError, match=r"f\.parquet"):
+            await ParquetRangeReader(store).metadata("f.parquet", len(data))
+    finally:
+        await store.close()
 
 
 def test_unique_values_are_written_plain_and_keys_and_headers_with_a_dictionary() -> None:

@@ -25,6 +25,7 @@ from icefloe.storage.index import ParquetLocation
 from icefloe.storage.offset_index import NewPiece
 from icefloe.storage.reader import OffsetOutOfRange
 from icefloe.storage.records import Record, build_batch
+from tests.support.kafka_wire import batch_with_deltas
 from tests.support.storage import count_wal_reads, storage_config
 
 
@@ -642,6 +643,18 @@ async def test_records_that_do_not_decompress_are_corrupt_message(storage: Strea
         await storage.submit_batches(stream, bytes(sent), compression=Compression.LZ4)
     assert caught.value.error_code == ErrorCode.corrupt_message
     await storage.submit_batches(stream, bytes(sent))  # stored as sent: nothing decompresses it
+
+
+async def test_records_whose_offsets_are_not_consecutive_are_invalid_record_to_recompress(
+    storage: StreamStorage,
+) -> None:
+    """Kafka refuses such records in any batch it decodes; uncompressed ones it stores as sent."""
+    stream = await storage.create_stream("s")
+    sent = batch_with_deltas([(0, 1), (0, 1)])
+    with pytest.raises(BatchError) as caught:
+        await storage.submit_batches(stream, sent, compression=Compression.LZ4)
+    assert caught.value.error_code == ErrorCode.invalid_record
+    await (await storage.submit_batches(stream, sent))
 
 
 async def test_a_batch_that_grows_past_the_limit_when_recompressed_is_too_large(

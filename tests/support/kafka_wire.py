@@ -26,6 +26,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32, i64
 
 from icefloe.broker.protocol import make
+from icefloe.storage.batch import ATTRIBUTES_AT, CRC_AT, HEADER, HEADER_SIZE
+from icefloe.storage.crc import crc32c
 from icefloe.storage.records import Record, build_batch
 
 _SIZE = struct.Struct(">i")
@@ -146,6 +148,33 @@ def batch_of(
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
     )
+
+
+def batch_with_deltas(deltas: Sequence[tuple[int, int]], timestamp: int = 0) -> bytes:
+    """A v2 batch of keyless records with the given (timestamp delta, offset delta) each, as only
+    a hostile or broken producer writes them (any 64-bit deltas): its header is what produce
+    validation checks (``lastOffsetDelta`` one less than the record count) and its CRC is
+    right."""
+
+    def varint(value: int) -> bytes:
+        zigzag = (value << 1) ^ (value >> 63)
+        out = bytearray()
+        while zigzag > 0x7F:
+            out.append((zigzag & 0x7F) | 0x80)
+            zigzag >>= 7
+        return bytes([*out, zigzag])
+
+    records = b""
+    for timestamp_delta, offset_delta in deltas:
+        body = b"\0" + varint(timestamp_delta) + varint(offset_delta) + varint(-1)
+        body += varint(1) + b"v" + varint(0)  # a one-byte value, no headers
+        records += varint(len(body)) + body
+    count = len(deltas)
+    header = HEADER.pack(0, HEADER_SIZE - 12 + len(records), -1, 2, 0, 0, count - 1,
+                         timestamp, timestamp, -1, -1, -1, count)  # fmt: skip
+    batch = bytearray(header + records)
+    struct.pack_into(">I", batch, CRC_AT, crc32c(memoryview(batch)[ATTRIBUTES_AT:]))
+    return bytes(batch)
 
 
 def request_module(api: str, version: int) -> Any:

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from icefloe.storage.batch import TimestampType
+from icefloe.storage.batch import TimestampType, read_header
 from icefloe.storage.parquet import RowBuilder
 from icefloe.storage.rebuild import _writable, rebuild_batches, rebuild_group, rebuild_groups
 from icefloe.storage.records import Record, build_batch, decode_batch
+from tests.support.kafka_wire import batch_with_deltas
 from tests.support.rebuilt_groups import parsed_group
 
 T0 = 1_700_000_000_000
@@ -107,6 +108,56 @@ def test_a_slice_of_whole_batches_rebuilds_those_batches() -> None:
         rows.add_batch(batch, base)
 
     assert rebuild_batches(rows.table().slice(20, 20)) == sent[2][1] + sent[3][1]
+
+
+def test_records_whose_offsets_leave_their_batch_keep_offsets_of_their_own_batch() -> None:
+    """Offset deltas that go back or reach past the batch (a hostile producer's: produce
+    validation reads headers only) are numbered by position, so no row takes another batch's
+    offset and the rebuilt batch moves a consumer on; deltas with gaps are kept."""
+    rows = RowBuilder(partition=0)
+    rows.add_batch(build_batch([Record(0, T0, None, b"a")]), 9)
+    rows.add_batch(batch_with_deltas([(0, -1), (0, 7)], T0), 10)  # offsets 9 and 17 as sent
+    rows.add_batch(build_batch([Record(12, T0, None, b"g"), Record(14, T0, None, b"h")],
+                               base_offset=12), 12)  # fmt: skip
+
+    table = rows.table()
+    rebuilt = rebuild_batches(table)
+
+    assert table.column("offset").to_pylist() == [9, 10, 11, 12, 14]
+    position, offsets = 0, []
+    while position < len(rebuilt):
+        header, records = decode_batch(
+            rebuilt[position : position + read_header(rebuilt, position).size]
+        )
+        assert header.last_offset_delta >= 0
+        offsets += [r.offset for r in records]
+        position += header.size
+    assert offsets == [9, 10, 11, 12, 14]
+
+
+@pytest.mark.parametrize(
+    ("offsets", "bases", "problem"),
+    [
+        ([5, 4, 6], [4, 4, 4], "rise"),  # out of order
+        ([5, 5, 6], [5, 5, 5], "rise"),  # repeated
+        ([5, 6, 7], [5, 7, 7], "before its batch"),  # a row before its batch's base offset
+        ([5, 6, 2**31 + 5], [5, 5, 5], "reach past"),  # more than a batch's offsets reach
+    ],
+)
+def test_rows_that_could_not_come_from_batches_are_refused(
+    offsets: list[int], bases: list[int], problem: str
+) -> None:
+    """A data file changed in storage: refused (the reader answers it corrupt), not rebuilt
+    into batches that a consumer refuses or that move it backwards."""
+    rows = RowBuilder(partition=0)
+    rows.add_batch(build_batch([Record(i, T0, None, b"v") for i in range(3)]), 5)
+    table = rows.table()
+    for name, values in (("offset", offsets), ("batch_base_offset", bases)):
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, table.schema.field(index), [values])
+
+    with pytest.raises(ValueError, match=problem):
+        rebuild_batches(table)
 
 
 def test_log_append_time_batches_read_back_as_consumers_read_the_sent_ones() -> None:

@@ -31,7 +31,9 @@ from icefloe.storage.batch import (
     read_header,
     split_and_validate,
 )
-from icefloe.storage.records import Record, build_batch, decode_batch, empty_batch
+from icefloe.storage.parquet import RowBuilder
+from icefloe.storage.records import Record, build_batch, decode_batch, empty_batch, recompress
+from tests.support.kafka_wire import batch_with_deltas
 
 T0 = 1_700_000_000_123
 
@@ -289,6 +291,39 @@ def test_unknown_codec_is_unsupported_compression_type() -> None:
     with pytest.raises(BatchError) as caught:
         decode_batch(bytes(batch))
     assert caught.value.error_code is ErrorCode.unsupported_compression_type
+
+
+def test_recompressing_records_whose_offsets_are_not_consecutive_is_invalid_record() -> None:
+    sent = batch_with_deltas([(0, 1), (0, 1)])  # what Kafka calls not incremental
+
+    with pytest.raises(BatchError, match="consecutive offsets") as caught:
+        recompress(sent, Compression.ZSTD)
+    assert caught.value.error_code is ErrorCode.invalid_record
+
+
+def test_recompressing_records_too_far_apart_in_time_is_invalid_timestamp() -> None:
+    sent = batch_with_deltas([(-(2**63), 0), (2**63 - 1, 1)])
+
+    with pytest.raises(BatchError, match="too far") as caught:
+        recompress(sent, Compression.LZ4)
+    assert caught.value.error_code is ErrorCode.invalid_timestamp
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the produce path checks batch headers and CRCs, never records: a batch whose "
+    "compressed records do not decompress is stored, and compaction fails on it at every try "
+    "(Kafka refuses it CORRUPT_MESSAGE on produce)",
+)
+def test_a_batch_the_produce_path_accepts_is_one_compaction_decodes() -> None:
+    sent = bytearray(build_batch(SAMPLE, compression=Compression.ZSTD))
+    sent[HEADER_SIZE + 10 :] = b"\xaa" * (len(sent) - HEADER_SIZE - 10)
+    struct.pack_into(">I", sent, 17, crc32c(memoryview(sent)[21:]))
+    split_and_validate(bytes(sent), max_batch_bytes=1 << 20)  # accepted
+
+    rows = RowBuilder(partition=0)
+    rows.add_batch(bytes(sent), 0)
+    assert rows.table().num_rows == len(SAMPLE)
 
 
 def test_garbage_compressed_payload_is_corrupt() -> None:

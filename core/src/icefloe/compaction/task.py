@@ -43,7 +43,7 @@ from icefloe.ports.table import TimePartition
 from icefloe.ports.wal import WAL
 from icefloe.schemas import columns
 from icefloe.schemas.model import SchemaLookup
-from icefloe.storage.batch import BatchHeader, read_header
+from icefloe.storage.batch import MIN_BATCH_LENGTH, BatchHeader, read_header
 from icefloe.storage.parquet import (
     DEFAULT_CODEC,
     RowBuilder,
@@ -179,6 +179,15 @@ def _decode_chunks(
         position = 0
         while position < len(chunk):
             header = read_header(chunk, position)
+            if header.batch_length < MIN_BATCH_LENGTH or header.size > len(chunk) - position:
+                # Chunks are read without the object's checksum: a length changed in storage
+                # would otherwise make this loop stand still (a skipped batch of 0 bytes) or
+                # go back.
+                raise CorruptDataError(
+                    f"stream {stream_id}: the batch at byte {position} of a WAL chunk declares "
+                    f"batchLength {header.batch_length}, but {len(chunk) - position} bytes are "
+                    "left: not whole record batches"
+                )
             if not header.is_control and not _aborted(header, offset, aborted):
                 # Compaction stops at the last stable offset: what is not aborted committed.
                 batch = chunk[position : position + header.size]

@@ -28,7 +28,7 @@ from kio.schema.errors import ErrorCode
 
 from icefloe import config as configuration
 from icefloe.config.storage import FlushProfile, StorageOptions
-from icefloe.errors import CorruptDataError, NotFoundError
+from icefloe.errors import NotFoundError
 from icefloe.ports.base import OpenContext, Port
 from icefloe.ports.metadata import MUST_NOT_EXIST, MetadataStore
 from icefloe.ports.object_store import ObjectStore
@@ -217,8 +217,10 @@ class StreamStorage:
         separate.
 
         Raises:
-            BatchError: a batch is invalid (``CORRUPT_MESSAGE`` for records that do not
-                decompress when recompressing; ``INVALID_RECORD`` for a keyless record).
+            BatchError: a batch is invalid (when recompressing: ``CORRUPT_MESSAGE`` for
+                records that do not decompress, ``INVALID_RECORD`` for records whose offsets
+                are not consecutive, as Kafka refuses them; ``INVALID_RECORD`` for a keyless
+                record).
         """
         view = memoryview(data)
         limit = self.options.max_batch_bytes if max_batch_bytes is None else max_batch_bytes
@@ -365,8 +367,5 @@ def _recompressed(
         if read_header(chunk).compression is compression:
             out.append(chunk)
             continue
-        try:
-            out.append(recompress(chunk, compression))
-        except CorruptDataError as exc:
-            raise BatchError(ErrorCode.corrupt_message, str(exc)) from exc
+        out.append(recompress(chunk, compression))  # BatchError: the Kafka error to answer
     return out

@@ -22,9 +22,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from kio.schema.errors import ErrorCode
 
 from icefloe.config.compactor import TableCodec
-from icefloe.storage.batch import TimestampType
+from icefloe.storage.batch import BatchError, TimestampType
 from icefloe.storage.record_columns import PADDING, decode_fields
 from icefloe.storage.records import Header, batch_records, record_bounds
 from icefloe.storage.row_schema import OFFSET, PARTITION, ROW_SCHEMA, TIMESTAMP
@@ -81,7 +82,7 @@ class RowGroupRange:
 
 # What RowBuilder keeps per batch, by position in its tuple.
 _COUNT, _BASE_OFFSET, _ATTRIBUTES, _TIMESTAMP_TYPE, _PRODUCER_ID, _PRODUCER_EPOCH = range(6)
-_BASE_SEQUENCE, _FIRST_MILLIS, _DELTAS_COUNT, _SHIFT = range(6, 10)
+_BASE_SEQUENCE, _FIRST_MILLIS, _DELTAS_COUNT, _SHIFT, _LAST_DELTA = range(6, 11)
 
 SEGMENT_BYTES: Final = 16 << 20
 """Record bytes decoded together into one chunk of the table. Small enough that the segment's
@@ -143,6 +144,7 @@ class RowBuilder:
                 header.max_timestamp if log_append_time else header.base_timestamp,
                 0 if log_append_time else 1,  # whether record timestamp deltas count
                 segment.size - start,  # from a position in ``data`` to one in the segment
+                header.last_offset_delta,
             )
         )
         segment.bounds += bounds
@@ -179,7 +181,8 @@ class RowBuilder:
         millis = repeated(_FIRST_MILLIS) + fields.timestamp_deltas * repeated(_DELTAS_COUNT)
         columns = {
             "partition": np.full(len(bounds), self.partition, dtype=np.int32),
-            "offset": repeated(_BASE_OFFSET) + fields.offset_deltas,
+            "offset": repeated(_BASE_OFFSET)
+            + _offset_deltas(fields.offset_deltas, counts, per_batch[:, _LAST_DELTA]),
             "timestamp": millis * 1000,  # ms → µs
             "timestamp_type": repeated(_TIMESTAMP_TYPE),
             "batch_base_offset": repeated(_BASE_OFFSET),
@@ -207,6 +210,36 @@ class _Segment:
     size: int = 0
     bounds: list[int] = field(default_factory=list)
     batches: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def _offset_deltas(
+    deltas: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], last_deltas: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """Each record's offset delta within its batch: the one written, unless a batch's deltas do
+    not increase strictly within ``[0, lastOffsetDelta]``; then its records' positions.
+
+    Producers write 0, 1, 2, …, and log compaction leaves gaps between those. Deltas that go
+    back, repeat or reach past the batch can only come from a hostile client (the produce path
+    checks batch headers, not records, and Kafka leaves such deltas as sent too): taken as
+    written they would give table rows other batches' offsets, and the batch rebuilt from
+    them a negative ``lastOffsetDelta``, which holds a consumer at its offset for good. The
+    WAL serves such a batch as it was sent, as Kafka does.
+
+    Raises:
+        BatchError: a batch holds more records than offsets (``CORRUPT_MESSAGE``; the produce
+            path refuses such a batch, so only bytes changed in storage hold one).
+    """
+    firsts = np.cumsum(counts) - counts
+    positions = np.arange(len(deltas)) - np.repeat(firsts, counts)
+    wrong = (deltas < 0) | (deltas > np.repeat(last_deltas, counts))
+    wrong[1:] |= (deltas[1:] <= deltas[:-1]) & (positions[1:] > 0)
+    if not wrong.any():
+        return deltas
+    wrong_batches = np.zeros(len(counts), dtype=bool)
+    wrong_batches[np.repeat(np.arange(len(counts)), counts)[wrong]] = True
+    if (counts[wrong_batches] > last_deltas[wrong_batches] + 1).any():
+        raise BatchError(ErrorCode.corrupt_message, "a record batch has more records than offsets")
+    return np.where(np.repeat(wrong_batches, counts), positions, deltas)
 
 
 _HEADERS_TYPE: Final = ROW_SCHEMA.field("headers").type

@@ -18,6 +18,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from icefloe.errors import CorruptDataError
 from icefloe.ports.object_store import ObjectStore
 from icefloe.storage.row_schema import PARTITION, ROW_SCHEMA
 
@@ -27,6 +28,9 @@ FETCHED_HOLE_BYTES: Final = 64 << 10
 """Bytes between two wanted column chunks (another column's chunk, such as the partition's)
 fetched with them. pyarrow coalesces the reads of chunks apart by up to 8 KiB (its
 ``hole_size_limit``) into one read, which must find every byte fetched."""
+_MAGIC: Final = b"PAR1"
+_FRAME: Final = 12
+"""The fewest bytes of a Parquet file: its leading magic, then footer length and magic."""
 KAFKA_COLUMNS: Final = [name for name in ROW_SCHEMA.names if name != PARTITION]
 """What catch-up reads rebuild batches from: not the partition (a file holds one stream's
 rows), nor the typed columns a schema-backed topic's file also has."""
@@ -113,7 +117,11 @@ class ParquetRangeReader:
         self._capacity = footer_cache
 
     async def fetch(self, key: str, size: int, row_groups: list[int]) -> FetchedRowGroups:
-        """The bytes of ``row_groups`` of the file ``key`` of ``size`` bytes, ready to decode."""
+        """The bytes of ``row_groups`` of the file ``key`` of ``size`` bytes, ready to decode.
+
+        Raises:
+            CorruptDataError: the file does not end as a Parquet file does.
+        """
         tail_start, tail, metadata = await self._footer(key, size)
         sparse = _SparseFile(size)
         sparse.add(tail_start, tail)
@@ -124,7 +132,11 @@ class ParquetRangeReader:
         return FetchedRowGroups(sparse, metadata, row_groups)
 
     async def metadata(self, key: str, size: int) -> pq.FileMetaData:
-        """The footer of the file ``key`` of ``size`` bytes (one ranged GET, then cached)."""
+        """The footer of the file ``key`` of ``size`` bytes (one ranged GET, then cached).
+
+        Raises:
+            CorruptDataError: the file does not end as a Parquet file does.
+        """
         return (await self._footer(key, size))[2]
 
     async def _footer(self, key: str, size: int) -> tuple[int, bytes, pq.FileMetaData]:
@@ -134,8 +146,14 @@ class ParquetRangeReader:
             return cached
         tail_start = max(0, size - TAIL_GUESS)
         tail = await self._store.get(key, tail_start, size)
+        if len(tail) < _FRAME or tail[-4:] != _MAGIC:
+            raise CorruptDataError(f"{key}: {len(tail)} bytes that do not end a Parquet file")
         (footer_length,) = struct.unpack_from("<i", tail, len(tail) - 8)
         needed = footer_length + 8
+        if footer_length <= 0 or needed > size - 4:
+            raise CorruptDataError(
+                f"{key}: a Parquet footer of {footer_length} bytes in a file of {size} bytes"
+            )
         if needed > len(tail):
             tail_start = size - needed
             tail = await self._store.get(key, tail_start, size)

@@ -36,6 +36,7 @@ from icefloe.storage.rebuilt import RebuiltGroup
 
 _LOG_APPEND_TIME: Final = 0x08
 _TRANSACTIONAL: Final = 0x10
+_INT32_MAX: Final = 2**31 - 1
 _VARINT_BYTES: Final = 10
 """The longest zigzag varint of a 64-bit integer."""
 _SHIFTS: Final = np.arange(0, 7 * _VARINT_BYTES, 7, dtype=np.uint64)
@@ -94,7 +95,8 @@ def rebuild_groups(
     its rows, as much as the rows of a 1 MiB row group cost.
 
     Raises:
-        ValueError: ``group_rows`` does not add up to the table's rows.
+        ValueError: ``group_rows`` does not add up to the table's rows, or the rows are not
+            the records of batches in offset order (a data file changed in storage).
     """
     rows = table.num_rows
     group_starts = np.cumsum([0, *group_rows])
@@ -124,6 +126,7 @@ def rebuild_groups(
     if end_offset is not None:
         following[-1] = end_offset
     last_offsets = np.maximum(offsets[ends - 1], following - 1)
+    _check_offsets(offsets, bases, starts, last_offsets)
     headers = np.zeros(len(starts), dtype=_BATCH_HEADER)
     headers["base_offset"] = bases[starts]
     headers["batch_length"] = HEADER_SIZE - LOG_OVERHEAD + np.add.reduceat(record_sizes, starts)
@@ -171,6 +174,23 @@ def rebuild_groups(
             struct.pack_into(">I", data, start + CRC_AT, crc32c(data[start + ATTRIBUTES_AT : end]))
         groups.append(RebuiltGroup(data, positions, next_offsets[first:after]))
     return groups
+
+
+def _check_offsets(offsets: Int64s, bases: Int64s, starts: Int64s, last_offsets: Int64s) -> None:
+    """Rows that could not have come from batches are refused, not rebuilt into batches that
+    a consumer refuses or that move it backwards: offsets rise row by row, and each batch's
+    lie within ``[base offset, base offset + 2^31)``, after the previous batch's.
+
+    Raises:
+        ValueError: what does not hold.
+    """
+    if (offsets[1:] <= offsets[:-1]).any():
+        raise ValueError("the rows' offsets do not rise row by row")
+    following = np.flatnonzero(bases[1:] != bases[:-1]) + 1  # a batch's first row
+    if (offsets < bases).any() or (bases[following] <= offsets[following - 1]).any():
+        raise ValueError("a row's offset lies before its batch's base offset")
+    if (last_offsets - bases[starts] > _INT32_MAX).any():
+        raise ValueError("a batch's offsets reach past 2^31 from its base offset")
 
 
 def _writable(buffer: pa.Buffer | None) -> memoryview:

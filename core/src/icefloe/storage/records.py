@@ -95,9 +95,27 @@ def recompress(batch: bytes | bytearray | memoryview, compression: Compression) 
     the producer's: same records, timestamps and headers, same producer id, epoch and sequence.
 
     Raises:
-        CorruptDataError: the records do not decode (or decompress past the limit).
+        BatchError: the records do not decode or decompress past the limit
+            (``CORRUPT_MESSAGE``); their offsets do not run on one by one from the batch's
+            first (``INVALID_RECORD``: Kafka refuses such a batch whenever it decodes one);
+            their timestamps lie further apart than a timestamp delta reaches
+            (``INVALID_TIMESTAMP``).
     """
     header, records = decode_batch(batch)
+    first_timestamp = records[0].timestamp if records else 0
+    for i, record in enumerate(records):
+        if record.offset != header.base_offset + i:
+            raise BatchError(
+                ErrorCode.invalid_record,
+                f"record {i} of the batch has offset delta {record.offset - header.base_offset}"
+                f", not {i}: a batch's records must have consecutive offsets",
+            )
+        if not _INT64_MIN <= record.timestamp - first_timestamp <= _INT64_MAX:
+            raise BatchError(
+                ErrorCode.invalid_timestamp,
+                f"record {i} of the batch has timestamp {record.timestamp}, too far from the "
+                f"first record's {first_timestamp}",
+            )
     return build_batch(
         records,
         compression=compression,
