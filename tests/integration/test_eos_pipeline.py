@@ -160,17 +160,21 @@ def kill_mid_transaction(pipeline: Pipeline, doomed: PipelineWorker) -> Pipeline
 
 
 def outlast_sessions(pipeline: Pipeline, late: PipelineWorker, zombie: PipelineWorker) -> None:
-    """``late`` paused after sending its offsets, ``zombie`` before: once the group has given
-    their partitions to others, wake them. ``late``'s pending offsets keep the new owners
-    waiting until it commits; ``zombie``'s offsets are refused, and it aborts."""
+    """``late`` paused after sending its offsets, ``zombie`` before. Once the group has given
+    ``late``'s partitions to others, its pending offsets keep the new owners waiting: woken, it
+    commits. Once ``zombie``'s have moved too, woken, its offsets are refused and it aborts.
+
+    One after the other: a member waiting for ``late``'s offsets cannot take ``zombie``'s
+    partitions meanwhile (it waits inside its assignment callback), so waiting for both moves
+    before waking either would wait for ``late``'s transaction to time out."""
     late_paused, zombie_paused = late.wait_for("paused"), zombie.wait_for("paused")
     late_parts, zombie_parts = set(late_paused["partitions"]), set(zombie_paused["partitions"])
     assert late_parts <= unstable_partitions(
         pipeline.bootstrap, pipeline.group, pipeline.topics[0], IN_PARTITIONS
     )
     wait_until(
-        lambda: late_parts | zombie_parts <= pipeline.owned_by_others(late, zombie),
-        "the paused members' partitions moved to others",
+        lambda: late_parts <= pipeline.owned_by_others(late, zombie),
+        "the late member's partitions moved to others",
         120,
     )
     # Still pending: the new owners wait for the transaction of the member they replaced.
@@ -178,8 +182,13 @@ def outlast_sessions(pipeline: Pipeline, late: PipelineWorker, zombie: PipelineW
         pipeline.bootstrap, pipeline.group, pipeline.topics[0], IN_PARTITIONS
     )
     late.signal(signal.SIGCONT)
-    zombie.signal(signal.SIGCONT)
     late.wait_for("committed", txn=late_paused["txn"])  # its transaction was still its own
+    wait_until(
+        lambda: zombie_parts <= pipeline.owned_by_others(zombie),
+        "the zombie's partitions moved to others",
+        120,
+    )
+    zombie.signal(signal.SIGCONT)
     refused = zombie.wait_for("aborted", txn=zombie_paused["txn"])
     assert refused["error"] in REFUSED, refused
 
@@ -189,7 +198,7 @@ def test_members_joining_leaving_pausing_and_dying_leave_each_input_output_once(
     cluster: RunningIcefloe, protocol: str, tmp_path: Path
 ) -> None:
     pipeline = Pipeline(cluster, protocol, f"eos-{protocol}", tmp_path)
-    # Their transactions must outlast both pauses and the group's moving of their partitions,
+    # Their transactions must outlast their pauses and the group's moving of their partitions,
     # however slow the machine: their timing out would be another test.
     late = pipeline.start("late", pause_at="sent:4", transaction_timeout_ms=PAUSED_TXN_TIMEOUT_MS)
     zombie = pipeline.start(
