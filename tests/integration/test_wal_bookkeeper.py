@@ -5,15 +5,17 @@ records are produced, ZooKeeper unavailable for a while. One shared cluster of t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from icefloe_wal_bookkeeper.refs import parse
+from icefloe_wal_bookkeeper.wal import ENTRY_SIZE, SIZE
 
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
@@ -175,17 +177,15 @@ async def test_a_bookie_killed_mid_run_loses_no_acknowledged_record(
             producers = [asyncio.create_task(produce(storage, s)) for s in topic.streams]
             try:
                 await until(lambda: acked() >= 400, 60)
-                # Large objects half written when the bookie dies: their ledgers must change
-                # ensemble at an entry past the first (six of them: some surely use that bookie).
-                # Whether one is caught mid-write is timing: if none was, the bookie comes back
-                # and dies again under new ones.
+                # Large objects half written when the bookie dies: a ledger on that bookie must
+                # change ensemble at an entry past the first. The kill waits until one is seen
+                # mid-write; if the bookie still dies between its writes, it comes back and dies
+                # again under new ones.
                 big = os.urandom(4 << 20)
                 for attempt in range(ENSEMBLE_CHANGE_TRIES):
                     if attempt:
                         await asyncio.to_thread(cluster.restart_bookie, 0)
-                    large = [asyncio.create_task(storage.wal.append(big)) for _ in range(6)]
-                    await asyncio.sleep(0.3)  # created and writing: ~1 s for their 6,144 entries
-                    await asyncio.to_thread(cluster.kill_bookie, 0)
+                    large = await _kill_bookie_mid_write(storage.wal, cluster, big)
                     at_kill = acked()
                     refs = await asyncio.gather(*large)
                     large_refs.extend(refs)
@@ -212,6 +212,67 @@ async def test_a_bookie_killed_mid_run_loses_no_acknowledged_record(
                     assert comparable(got) == comparable(expected)
         finally:
             await asyncio.to_thread(cluster.restart_bookie, 0)
+
+
+@contextlib.contextmanager
+def _ledgers_created(wal: WAL) -> Iterator[list[Any]]:
+    """The write handles of the ledgers ``wal`` creates meanwhile (its internals: a test of the
+    plugin watching its own ledgers fill)."""
+    created: list[Any] = []
+    original = wal._java  # type: ignore[attr-defined]
+
+    async def java(what: str, future: Any, **kwargs: Any) -> Any:
+        result = await original(what, future, **kwargs)
+        if what == "create a ledger":
+            created.append(result)
+        return result
+
+    wal._java = java  # type: ignore[attr-defined]
+    try:
+        yield created
+    finally:
+        del wal._java  # type: ignore[attr-defined]
+
+
+async def _kill_bookie_mid_write(
+    wal: WAL, cluster: BookKeeperCluster, big: bytes
+) -> list[asyncio.Task[str]]:
+    """Appends ``big`` until bookie 0 dies in the middle of one of them; the appends.
+
+    A ledger's last confirmed entry trails what its bookies hold, so a kill timed by it alone
+    may land after the bookie took the last entry. Frozen first, the bookie acknowledges
+    nothing more: a ledger on it still unfinished once the acknowledgements already sent have
+    arrived is one the kill cuts in the middle."""
+    victim = f"127.0.0.1:{cluster.bookie_ports[0]}"
+    large: list[asyncio.Task[str]] = []
+    watched: list[tuple[Any, int]] = []  # handle and entry count, of large objects on the victim
+
+    def mid_write() -> bool:
+        return any(0 <= h.getLastAddConfirmed() < entries - 1 for h, entries in watched)
+
+    deadline = time.monotonic() + 60
+    with _ledgers_created(wal) as created:
+        while True:
+            assert time.monotonic() < deadline, "no large ledger on bookie 0 caught mid-write"
+            if all(task.done() for task in large):
+                large += [asyncio.create_task(wal.append(big)) for _ in range(3)]
+            while created:
+                handle = created.pop()
+                metadata = handle.getLedgerMetadata()
+                custom = metadata.getCustomMetadata()
+                if bytes(custom.get(SIZE)) != str(len(big)).encode():
+                    continue  # a producer's small object
+                if victim in (str(bookie) for bookie in metadata.getEnsembleAt(0)):
+                    entries = -(-len(big) // int(bytes(custom.get(ENTRY_SIZE))))
+                    watched.append((handle, entries))
+            if mid_write():
+                await asyncio.to_thread(cluster.pause_bookie, 0)
+                await asyncio.sleep(0.5)  # acknowledgements on their way arrive
+                if mid_write():
+                    await asyncio.to_thread(cluster.kill_bookie, 0)
+                    return large
+                cluster.resume_bookie(0)
+            await asyncio.sleep(0.001)
 
 
 def _ledgers_with_an_ensemble_change(wal: WAL, refs: set[str]) -> list[int]:

@@ -116,6 +116,12 @@ class BookKeeperCluster:
         process.send_signal(signal.SIGKILL)
         process.wait(10)
 
+    def pause_bookie(self, index: int) -> None:
+        self.bookies[index].pause()
+
+    def resume_bookie(self, index: int) -> None:
+        self.bookies[index].resume()
+
     def restart_bookie(self, index: int) -> None:
         """Start a stopped bookie again on its port and data, and wait until it registers."""
         old = self.bookies[index]
