@@ -2,7 +2,8 @@
 partitions wait, the other partitions of its topic and every other topic keep reaching the
 tables; after three failures in a row it is set aside (a metric, an `icefloe tables` line)
 and `icefloe tables retry` tries it again, which then leaves every record in each table once,
-though a later run of its topic overtook its commit sequence meanwhile."""
+though a later run of its topic overtook its commit sequence meanwhile. A run that fails
+because a store is out of reach is never set aside: it goes on once the store is back."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 from icefloe import metrics
 from icefloe.cli import cli
 from icefloe.compaction.committer import SET_ASIDE_AFTER
+from icefloe.errors import UnavailableError
 from icefloe.ports.table import DataFile, TableSpec
 from tests.compaction.conftest import Parts
 from tests.compaction.test_saga_crashes import records, table_rows
@@ -93,3 +95,38 @@ async def test_a_run_that_cannot_commit_is_set_aside_and_stops_nothing_else(
     assert rows["iceberg"] == rows["delta"] == sorted(expected)  # each record once, in both
     for stream in bad.streams:
         assert all(not e.in_wal for e in await storage.index.scan(stream))
+
+
+async def test_a_run_failing_while_a_store_is_out_of_reach_is_never_set_aside(
+    table_parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage, topics, compactor = table_parts
+    topic = await topics.create("events", 1)
+    delta = compactor.table_formats["delta"]
+    commit = delta.commit
+    outage = True
+
+    async def unreachable(
+        spec: TableSpec,
+        sequence: int,
+        added: list[DataFile],
+        removed: list[str] = (),  # type: ignore[assignment]
+    ) -> Any:
+        if outage:
+            raise UnavailableError("S3 put: cannot reach the service")
+        return await commit(spec, sequence, added, list(removed))
+
+    monkeypatch.setattr(delta, "commit", unreachable)
+    await storage.append(topic.streams[0], records(3, "a"))
+    for _ in range(SET_ASIDE_AFTER + 2):
+        await compactor.compact_once(force=True)
+    (run,) = await compactor.committer.unfinished()
+    assert run.failures == SET_ASIDE_AFTER + 2
+    assert run.retry_after_ms == 0  # not set aside: tried again every round
+    assert metrics.COMPACTION_RUNS_SET_ASIDE.labels("events")._value.get() == 0
+
+    outage = False  # the store is back
+    await compactor.compact_once(force=True)
+    assert await compactor.committer.unfinished() == []
+    rows = await table_rows(compactor, "events")
+    assert rows["iceberg"] == rows["delta"] == [(0, i, f"a/{i}".encode()) for i in range(3)]
