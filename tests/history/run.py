@@ -23,8 +23,10 @@ from typing import Any, Final
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.chaos.runs import STORES, store_settings
+from tests.history import compacted
 from tests.history.checker import check
+from tests.history.environment import OBJECT_CHOICES, STORE_CHOICES, environment
+from tests.history.java_client import JavaSender
 from tests.history.model import load
 from tests.history.nemesis import KINDS, Nemesis
 from tests.history.recorder import History
@@ -37,7 +39,6 @@ from tests.history.workload import (
     Worker,
     final_read,
 )
-from tests.support.broker import start_icefloe
 from tests.support.chaos import (
     caught_up_tables,
     check_tables,
@@ -68,6 +69,7 @@ class RunResult:
     faults_asked: list[str]
     protocol: str
     store: str
+    objects: str = "local"
     seconds: float = 0.0
     operations: int = 0
     clients_replaced: int = 0
@@ -80,6 +82,9 @@ class RunResult:
     tables: dict[str, list[str]] = field(default_factory=dict)
     tables_after_s: float | None = None
     """When both tables held what the final read saw, after it (``None``: never)."""
+    compacted: dict[str, Any] = field(default_factory=dict)
+    """The compacted topic's check (:func:`tests.history.compacted.check_compacted`), if the
+    run had keyed senders."""
     problems: list[str] = field(default_factory=list)
     """Failures of the run itself: a fault that did not happen, a worker's own error."""
     folder: str = ""
@@ -92,6 +97,7 @@ class RunResult:
             and not any(self.tables.values())
             and self.tables_after_s is not None
             and not self.problems
+            and self.compacted.get("valid", True)
         )
 
 
@@ -103,27 +109,31 @@ def history_run(
     *,
     protocol: str | None = None,
     store: str = "sqlite",
+    objects: str = "local",
     partitions: int = 4,
     senders: int = 3,
+    java_senders: int = 0,
+    compacted_senders: int = 0,
     pollers: int = 2,
     transactors: int = 2,
 ) -> RunResult:
     """Run the workload under ``faults`` for ``seconds``, then check it; the metadata is on
-    ``store``: the embedded SQLite, or an etcd or Oxia server started for the run."""
+    ``store``: the embedded SQLite, or an etcd or Oxia server started for the run; the objects
+    (WAL and tables) on the local disk or, with ``objects="minio"``, on a MinIO of the run's
+    own behind a fault proxy."""
     folder.mkdir(parents=True, exist_ok=True)
     protocol = protocol or ("consumer" if seed % 2 else "classic")
-    result = RunResult(seed, faults, protocol, store, folder=str(folder))
-    server = None if store == "sqlite" else STORES[store](folder / store)
-    settings = {**SETTINGS, **store_settings(store, server)}
-    try:
-        running = start_icefloe(folder / "data", brokers=BROKERS, env=settings)
-    except BaseException:
-        if server is not None:
-            server.process.stop()
-        raise
-    try:
+    result = RunResult(seed, faults, protocol, store, objects, folder=str(folder))
+    with environment(folder, SETTINGS, faults, seed, store, objects) as env:
+        running = env.start_brokers(BROKERS)
+        settings = env.reader_settings
+
         admin = AdminClient({"bootstrap.servers": running.bootstrap})
-        admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(30)
+        topics = [NewTopic(TOPIC, partitions, 1)]
+        if compacted_senders:
+            topics.append(NewTopic(compacted.TOPIC, partitions, 1, config=compacted.TOPIC_CONFIG))
+        for created in admin.create_topics(topics).values():
+            created.result(30)
         history = History(folder / "history.jsonl")
         client = {
             "bootstrap.servers": running.bootstrap,
@@ -132,6 +142,15 @@ def history_run(
         setup = Setup(history, client, TOPIC, partitions, Values())
         workers: list[Worker] = [
             Sender(f"sender-{i}", setup, seed * 100 + i) for i in range(senders)
+        ]
+        workers += [
+            JavaSender(f"java-sender-{i}", setup, seed * 400 + i, i, folder / "java.log")
+            for i in range(java_senders)
+        ]
+        keyed = compacted.CompactedLog(folder / "compacted.jsonl")
+        workers += [
+            compacted.CompactedSender(f"keyed-sender-{i}", setup, seed * 500 + i, keyed)
+            for i in range(compacted_senders)
         ]
         workers += [
             Poller(f"poller-{i}", setup, seed * 200 + i, "pollers", protocol)
@@ -143,10 +162,12 @@ def history_run(
         ]
         for worker in workers:
             worker.start()
-        nemesis = Nemesis(running, faults, history, seed, server.process if server else None)
+        nemesis = Nemesis(env.targets(running), faults, history, seed)
         nemesis.start()
         time.sleep(seconds)
         nemesis.stop()
+        if env.objects is not None:
+            env.objects.heal()
         wait_for_brokers(running, BROKERS)
         for worker in workers:
             worker.stopping.set()  # all at once: each may take a while to finish its operation
@@ -154,6 +175,11 @@ def history_run(
             worker.stop()
         result.seconds = workload_ended = history.now()
         stream, result.unread_keys = final_read(setup)
+        if compacted_senders:
+            read, stuck = compacted.read_compacted(setup)
+            result.compacted = compacted.check_compacted(keyed.close(), read)
+            result.compacted["unread_partitions"] = stuck
+            result.compacted["valid"] &= not stuck
         path = history.close()
         result.operations = history.operations
         result.clients_replaced = sum(w.replaced for w in workers)
@@ -166,13 +192,9 @@ def history_run(
         read_at = time.monotonic()
         if caught_up_tables(running, TOPIC, TABLES_GIVE_UP_S, settings):
             result.tables_after_s = round(time.monotonic() - read_at, 1)
-        result.tables = check_tables(table_rows(running, TOPIC, settings), stream)
+        result.tables = check_tables(table_rows(running, TOPIC, settings, *env.readers), stream)
         (folder / "faults.json").write_text(json.dumps(result.faults, indent=1))
-        return result
-    finally:
-        running.stop()
-        if server is not None:
-            server.process.stop()
+    return result
 
 
 def summary(result: RunResult) -> dict[str, Any]:
@@ -189,6 +211,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "seed": result.seed,
         "faults": dict(Counter(f["kind"] for f in result.faults)),
         "store": result.store,
+        "objects": result.objects,
         "protocol": result.protocol,
         "seconds": round(result.seconds),
         "operations": result.operations,
@@ -199,10 +222,61 @@ def summary(result: RunResult) -> dict[str, Any]:
         "longest_stalls_s": stalls,
         "unread_keys": result.unread_keys,
         "tables_differences": {f: len(d) for f, d in result.tables.items()},
+        "compacted": {
+            "anomalies": {
+                k: v["count"]
+                for k, v in result.compacted.get("anomalies", {}).items()
+                if v["count"]
+            },
+            "acknowledged": result.compacted.get("acknowledged", 0),
+            "removed_by_compaction": result.compacted.get("removed_by_compaction", 0),
+        },
         "tables_after_s": result.tables_after_s,
         "problems": result.problems,
         "folder": result.folder,
     }
+
+
+def table_row(summaries: list[dict[str, Any]]) -> str:
+    """The runs of one fault mix as a row of docs/reliability.md's results table."""
+    faults: Counter[str] = Counter()
+    forbidden: Counter[str] = Counter()
+    allowed: Counter[str] = Counter()
+    stalls: dict[str, list[float]] = {}
+    for run in summaries:
+        faults.update(run["faults"])
+        forbidden.update(run["forbidden"])
+        forbidden.update({f"compacted {k}": v for k, v in run["compacted"]["anomalies"].items()})
+        allowed.update(run["allowed"])
+        for kind, worst in run["longest_stalls_s"].items():
+            stalls[kind] = [max(a, b) for a, b in zip(stalls.get(kind, worst), worst, strict=True)]
+    caught_up = [r["tables_after_s"] for r in summaries if r["tables_after_s"] is not None]
+    tables_equal = sum(
+        1
+        for r in summaries
+        if not any(r["tables_differences"].values()) and r["tables_after_s"] is not None
+    )
+
+    def counts(counter: Counter[str]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(counter.items()) if v) or "0"
+
+    first = summaries[0]
+    cells = [
+        counts(faults),
+        f"{first['store']}, {first['objects']}",
+        f"{sum(1 for r in summaries if r['valid'])} of {len(summaries)}",
+        f"{sum(r['seconds'] for r in summaries):,}",
+        f"{sum(r['operations'] for r in summaries):,}",
+        f"{sum(r['acknowledged_writes'] or 0 for r in summaries):,} + "
+        f"{sum(r['compacted']['acknowledged'] for r in summaries):,} keyed "
+        f"({sum(r['compacted']['removed_by_compaction'] for r in summaries):,} compacted away)",
+        counts(forbidden),
+        counts(allowed),
+        "; ".join(f"{k} {' / '.join(f'{s:.1f}' for s in v)}" for k, v in sorted(stalls.items())),
+        f"equal in {tables_equal} of {len(summaries)}, caught up in at most "
+        f"{max(caught_up, default=0):.0f} s",
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 def _check(path: Path) -> dict[str, Any]:
@@ -245,23 +319,57 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1, help="of the first run; then +1")
     parser.add_argument("--protocol", choices=["classic", "consumer"], help="default: by seed")
-    parser.add_argument("--store", choices=["sqlite", *STORES], default="sqlite")
+    parser.add_argument(
+        "--store",
+        choices=STORE_CHOICES,
+        default="sqlite",
+        help="etcd3: a three-member etcd cluster, for leader-* faults",
+    )
+    parser.add_argument(
+        "--objects",
+        choices=OBJECT_CHOICES,
+        default="local",
+        help="where the WAL and tables are (minio: behind a fault proxy, for objects-* faults)",
+    )
+    parser.add_argument(
+        "--java-senders", type=int, default=1, help="idempotent producers of Kafka's Java client"
+    )
+    parser.add_argument(
+        "--compacted-senders",
+        type=int,
+        default=1,
+        help="producers of keyed records to a compacted topic, checked on their own",
+    )
     parser.add_argument("--folder", type=Path, help="default: a new temporary folder")
     args = parser.parse_args(argv)
     folder = args.folder or Path(tempfile.mkdtemp(prefix="icefloe-histories-"))
     print(f"histories, faults and logs: {folder}", file=sys.stderr)
+    unknown = set(args.faults.split(",")) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
     all_valid = True
+    summaries = []
     for n in range(args.runs):
         seed = args.seed + n
         run_folder = folder / f"run-{seed}"
         faults = args.faults.split(",")
         result = history_run(
-            run_folder, args.minutes * 60, faults, seed, protocol=args.protocol, store=args.store
+            run_folder,
+            args.minutes * 60,
+            faults,
+            seed,
+            protocol=args.protocol,
+            store=args.store,
+            objects=args.objects,
+            java_senders=args.java_senders,
+            compacted_senders=args.compacted_senders,
         )
         all_valid &= result.valid
         full = {**asdict(result), "valid": result.valid}
         (run_folder / "result.json").write_text(json.dumps(full, indent=1))
-        print(json.dumps(summary(result)), flush=True)
+        summaries.append(summary(result))
+        print(json.dumps(summaries[-1]), flush=True)
+    print(table_row(summaries), flush=True)
     return 0 if all_valid else 1
 
 

@@ -430,7 +430,7 @@ def final_read(
     )
     unfinished = set(range(partitions))
     try:
-        ends = {p: _end(consumer, TopicPartition(topic, p)) for p in range(partitions)}
+        ends = {p: end_offset(consumer, TopicPartition(topic, p)) for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         now = history.now()
         keys = [key(topic, p) for p in range(partitions)]
@@ -458,7 +458,8 @@ def final_read(
     return stream, [key(topic, p) for p in sorted(unfinished)]
 
 
-def _end(consumer: Consumer, partition: TopicPartition) -> int:
+def end_offset(consumer: Consumer, partition: TopicPartition) -> int:
+    """The partition's end offset, asked again while the cluster cannot answer (60 s)."""
     deadline = time.monotonic() + 60
     while True:
         try:

@@ -16,7 +16,11 @@ which throttles, fails, cuts off uploads and loses answers on demand. What must 
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +50,9 @@ from tests.support.object_servers import (
     azurite_connection_string,
     fake_gcs,
     moto,
+    s3_client,
 )
+from tests.support.sockets import socket_holder
 
 PUT, GET = RequestKind.PUT, RequestKind.GET
 FAULT_PLAN = ["none", "throttle", "error", "reset", "lost"]
@@ -400,3 +406,90 @@ async def test_counters_match_the_requests_made(
     stats = store.stats.snapshot()
     assert stats["bytes"]["PUT"] == 100 + sum(map(len, parts))
     assert stats["bytes"]["GET"] == 10 + sum(map(len, parts)) + 10
+
+
+# --- faults for a while (what the history runs' object-store nemesis uses) -----------------
+
+
+@pytest_asyncio.fixture
+async def s3_proxy() -> AsyncIterator[FaultProxy]:
+    async with FaultProxy(moto().port, classify_s3) as proxy:
+        yield proxy
+
+
+@pytest.mark.asyncio
+async def test_a_storm_refuses_requests_while_it_lasts(
+    s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    store = await open_store(BACKENDS[0], s3_proxy, tmp_path, attempts=1)
+    try:
+        s3_proxy.storm(0.5, share=1.0)
+        with pytest.raises(UnavailableError) as refused:
+            await store.put("object", b"payload")
+        assert refused.value.retriable
+        await asyncio.sleep(0.6)
+        await store.put("object", b"payload")
+        assert await store.get("object") == b"payload"
+        assert [seen.action for seen in s3_proxy.seen if seen.kind is PUT] == [
+            "status",
+            "forward",
+        ]
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_latency_spike_holds_each_request(s3_proxy: FaultProxy, tmp_path: Path) -> None:
+    store = await open_store(BACKENDS[0], s3_proxy, tmp_path)
+    try:
+        await store.put("object", b"payload")
+        s3_proxy.slow(5.0, latency=0.5)
+        started = time.monotonic()
+        assert await store.get("object") == b"payload"
+        assert time.monotonic() - started >= 0.5
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_stale_listings_answer_as_before_the_window(
+    s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    store = await open_store(BACKENDS[0], s3_proxy, tmp_path)
+    try:
+        await store.put("dir/a", b"a")
+        assert await keys_of(store, "dir/") == ["dir/a"]
+        s3_proxy.stale_lists(30.0)
+        await store.put("dir/b", b"b")
+        assert await keys_of(store, "dir/") == ["dir/a"]
+        s3_proxy.heal()
+        assert await keys_of(store, "dir/") == ["dir/a", "dir/b"]
+        listed = [seen.action for seen in s3_proxy.seen if seen.kind is RequestKind.LIST]
+        assert listed == ["forward", "stale", "forward"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_after_upload_calls_back_with_the_uploader_once_the_object_is_stored(
+    s3_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    store = await open_store(BACKENDS[0], s3_proxy, tmp_path, attempts=1)
+    key = f"uploaded-{uuid.uuid4().hex}"
+    stored_at_callback: list[bool] = []
+    uploader: list[int | None] = []
+
+    def callback(address: tuple[str, int]) -> None:
+        uploader.append(socket_holder(address[1], [os.getpid()]))
+        listed = s3_client(moto().url).list_objects_v2(Bucket=BUCKET).get("Contents", [])
+        stored_at_callback.append(any(o["Key"].endswith(key) for o in listed))
+
+    try:
+        s3_proxy.after_upload(callback)
+        with pytest.raises(IcefloeError):
+            await store.put(key, b"payload")  # the answer never comes
+        assert stored_at_callback == [True]
+        assert uploader == [(os.getpid(), os.getpid())]  # at the other end of the upload
+        assert await store.get(key) == b"payload"
+    finally:
+        await store.close()

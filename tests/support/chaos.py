@@ -559,15 +559,23 @@ def caught_up_tables(
     return False
 
 
-def table_rows(running: RunningIcefloe, topic: str, env: dict[str, str]) -> dict[str, list[object]]:
-    """Both tables' rows, through pyiceberg and delta-rs."""
+def table_rows(
+    running: RunningIcefloe,
+    topic: str,
+    env: dict[str, str],
+    engine_options: dict[str, str] | None = None,
+    iceberg_properties: dict[str, str] | None = None,
+) -> dict[str, list[object]]:
+    """Both tables' rows, through pyiceberg and delta-rs (given what they need to reach the
+    object store, where it is not the local one)."""
     listed = tables_json(running.data_dir, env)
     by_format = {r["format"]: r for r in listed if r["topic"] == topic}
     assert set(by_format) == {"iceberg", "delta"}, f"icefloe tables lists {listed}"
     catalog = running.data_dir / "iceberg-catalog.db"
+    identifier = by_format["iceberg"]["identifier"]
     return {
-        "iceberg": list(iceberg_rows(by_format["iceberg"]["identifier"], catalog, {})),
-        "delta": list(delta_rows(by_format["delta"]["location"], {})),
+        "iceberg": list(iceberg_rows(identifier, catalog, iceberg_properties or {})),
+        "delta": list(delta_rows(by_format["delta"]["location"], engine_options or {})),
     }
 
 

@@ -9,6 +9,17 @@ told to fail the next N requests of a kind (PUT, GET, …):
 - ``lose_response_next``: forward the request, let the server apply it, then reset the
   connection instead of answering (the client cannot tell that its write succeeded).
 
+or to misbehave for a while, whatever the requests:
+
+- ``storm``: answer a share of them 503 SlowDown;
+- ``slow``: hold each one for seconds before forwarding it;
+- ``stale_lists``: answer each listing as it was answered before the window opened;
+
+or to call back once the next upload has been applied, before answering it (``after_upload``:
+the caller kills the uploader there, between its upload and what it would do next); or to cut
+chosen processes off the store (``cut_off``, given ``owner_of``): their requests get no answer
+until the proxy heals, then their connections are reset.
+
 Every request is recorded in :attr:`FaultProxy.seen` with its kind and what the proxy did, so
 tests can compare an adapter's request counters with the requests really made.
 
@@ -19,20 +30,27 @@ request and its answer in memory: it is made for tests, not for speed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import random
 import socket
 import struct
-from collections import Counter
+import threading
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from icefloe.ports.object_store import RequestKind
+
+P = TypeVar("P", bound=contextlib.AbstractAsyncContextManager[Any])
+T = TypeVar("T")
 
 Classifier = Callable[[str, str], RequestKind]
 """``(method, target) -> kind``: how a backend's HTTP requests map to request kinds."""
 
-Action = Literal["forward", "status", "reset", "lose_response"]
+Action = Literal["forward", "status", "reset", "lose_response", "stale"]
 
 SLOW_DOWN: Final = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -52,6 +70,22 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class Window:
+    """A fault applied to every request until ``until`` (``time.monotonic()``)."""
+
+    action: Literal["storm", "slow", "stale_lists"]
+    until: float
+    share: float = 1.0
+    """For ``storm``: the share of requests refused."""
+    latency: float = 0.0
+    """For ``slow``: seconds each request is held."""
+
+
+MAX_REMEMBERED_LISTS: Final = 256
+"""Listings whose last answer is kept for ``stale_lists`` (by request target)."""
+
+
+@dataclass(frozen=True)
 class Seen:
     method: str
     target: str
@@ -65,10 +99,26 @@ class FaultProxy:
 
     upstream_port: int
     classify: Classifier
+    record: bool = True
+    """Whether to keep every request in :attr:`seen` (off for long runs)."""
+    seed: int = 0
+    owner_of: Callable[[int], int | None] | None = None
+    """For ``cut_off``: the process holding the client end of a connection from a port."""
+    cut_requests: int = 0
+    """Requests left unanswered by ``cut_off``, over the proxy's life."""
     seen: list[Seen] = field(default_factory=list)
     _faults: list[Fault] = field(default_factory=list)
+    _windows: list[Window] = field(default_factory=list)
+    _lists: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
+    _after_upload: Callable[[tuple[str, int]], None] | None = None
+    _cut_off: set[int] = field(default_factory=set)
+    _healed: asyncio.Event = field(default_factory=asyncio.Event)
+    _random: random.Random = field(init=False)
     _server: asyncio.Server | None = None
     _connections: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)
 
     @property
     def port(self) -> int:
@@ -81,6 +131,7 @@ class FaultProxy:
         return f"http://127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> FaultProxy:
+        self._healed.set()
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 16)
         return self
 
@@ -108,9 +159,37 @@ class FaultProxy:
         """Forward the next ``count`` requests of ``kind``, then drop their answers."""
         self._faults.append(Fault(kind, count, "lose_response"))
 
+    def storm(self, seconds: float, share: float = 0.5) -> None:
+        """For ``seconds``, answer ``share`` of the requests 503 SlowDown, unforwarded."""
+        self._windows.append(Window("storm", time.monotonic() + seconds, share=share))
+
+    def slow(self, seconds: float, latency: float) -> None:
+        """For ``seconds``, hold each request ``latency`` seconds before forwarding it."""
+        self._windows.append(Window("slow", time.monotonic() + seconds, latency=latency))
+
+    def stale_lists(self, seconds: float) -> None:
+        """For ``seconds``, answer each listing with its last answer from before (a listing
+        never answered before is forwarded)."""
+        self._windows.append(Window("stale_lists", time.monotonic() + seconds))
+
+    def after_upload(self, callback: Callable[[tuple[str, int]], None]) -> None:
+        """Once the next upload has been applied, call ``callback`` with the uploader's
+        address (host, port) before answering; then reset the connection."""
+        self._after_upload = callback
+
+    def cut_off(self, pids: set[int]) -> None:
+        """Until :meth:`heal`, leave the requests of ``pids`` unanswered (needs ``owner_of``)."""
+        assert self.owner_of is not None, "cut_off needs owner_of"
+        self._cut_off |= pids
+        self._healed.clear()
+
     def heal(self) -> None:
         """Forget the faults not yet used: forward everything from now on."""
         self._faults.clear()
+        self._windows.clear()
+        self._after_upload = None
+        self._cut_off.clear()
+        self._healed.set()
 
     def tally(self) -> dict[str, int]:
         """Requests seen, by kind (every kind present, zeros included)."""
@@ -132,13 +211,21 @@ class FaultProxy:
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._cut_off and self._owner(writer) in self._cut_off:
+            self.cut_requests += 1
+            await self._healed.wait()  # unanswered, as behind a partition
+            reset_connection(writer)
+            return
         head = await reader.readuntil(b"\r\n\r\n")
         request_line, headers = _parse_head(head)
         method, target, _ = request_line.split(" ", 2)
         kind = self.classify(method, target)
-        fault = self._take_fault(kind)
-        action: Action = fault.action if fault else "forward"
-        self.seen.append(Seen(method, target, kind, action))
+        fault = self._take_fault(kind) or self._window_fault(kind)
+        stale = self._stale_answer(kind, target) if fault is None else None
+        action: Action = fault.action if fault else "stale" if stale else "forward"
+        if self.record:
+            self.seen.append(Seen(method, target, kind, action))
+        await asyncio.sleep(self._latency())
         if headers.get("expect", "").lower() == "100-continue":
             if fault is not None and fault.action == "status":
                 await _answer(writer, fault.status, fault.body)  # refused before the body
@@ -148,18 +235,61 @@ class FaultProxy:
         if fault is not None and fault.action == "reset":
             length = int(headers.get("content-length", "0"))
             await reader.readexactly(int(length * fault.body_fraction))
-            _reset(writer)
+            reset_connection(writer)
             return
         body = await _read_body(reader, headers)
         if fault is not None and fault.action == "status":
             await _answer(writer, fault.status, fault.body)
             return
+        if stale is not None:
+            writer.write(stale)
+            await writer.drain()
+            return
         response = await self._forward(_without_expect(head), body)
+        if kind == RequestKind.LIST:
+            self._remember_list(target, response)
+        if kind == RequestKind.PUT and self._after_upload is not None:
+            callback, self._after_upload = self._after_upload, None
+            callback(writer.get_extra_info("peername")[:2])
+            reset_connection(writer)
+            return
         if fault is not None and fault.action == "lose_response":
-            _reset(writer)
+            reset_connection(writer)
             return
         writer.write(response)
         await writer.drain()
+
+    def _owner(self, writer: asyncio.StreamWriter) -> int | None:
+        if self.owner_of is None:
+            return None
+        return self.owner_of(writer.get_extra_info("peername")[1])
+
+    def _live_windows(self, action: str) -> list[Window]:
+        now = time.monotonic()
+        self._windows = [w for w in self._windows if w.until > now]
+        return [w for w in self._windows if w.action == action]
+
+    def _window_fault(self, kind: RequestKind) -> Fault | None:
+        for window in self._live_windows("storm"):
+            if self._random.random() < window.share:
+                return Fault(kind, 0, "status")
+        return None
+
+    def _latency(self) -> float:
+        return max((w.latency for w in self._live_windows("slow")), default=0.0)
+
+    def _stale_answer(self, kind: RequestKind, target: str) -> bytes | None:
+        if kind != RequestKind.LIST or not self._live_windows("stale_lists"):
+            return None
+        return self._lists.get(target)
+
+    def _remember_list(self, target: str, response: bytes) -> None:
+        if self._live_windows("stale_lists"):
+            return  # keep the answer from before the window
+        self._lists[target] = response
+        self._lists.move_to_end(target)
+        while len(self._lists) > MAX_REMEMBERED_LISTS:
+            self._lists.popitem(last=False)
 
     def _take_fault(self, kind: RequestKind) -> Fault | None:
         for fault in self._faults:
@@ -231,13 +361,49 @@ async def _answer(writer: asyncio.StreamWriter, status: int, body: bytes) -> Non
     await writer.drain()
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
+def reset_connection(writer: asyncio.StreamWriter) -> None:
     """Close with a TCP reset (SO_LINGER 0), as a crashed server or a middlebox would."""
     sock = writer.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+class ProxyThread(Generic[P]):
+    """A proxy (:class:`FaultProxy`, :class:`~tests.support.tcp_proxy.TcpFaultProxy`) on an
+    event loop of its own, for synchronous callers: its methods are called on that loop
+    through :meth:`call`."""
+
+    def __init__(self, proxy: P) -> None:
+        self.proxy = proxy
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="fault-proxy", daemon=True
+        )
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(proxy.__aenter__(), self._loop).result(10)
+
+    def call(self, method: Callable[..., T], *args: object) -> T:
+        """``method(*args)`` run on the proxy's loop; its result."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(method(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                done.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(run)
+        return done.result(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.proxy.__aexit__(None, None, None), self._loop).result(
+            10
+        )
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
 
 
 # --- how each backend's requests map to kinds (read off the wire, not from the adapters) ---

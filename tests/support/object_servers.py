@@ -85,11 +85,18 @@ def moto() -> Emulator:
 @functools.cache
 def minio() -> Emulator:
     """MinIO (S3, a real server rather than an emulator), on disk, with the test bucket."""
+    emulator = start_minio(_workdir("minio"))
+    atexit.register(emulator.process.discard)
+    return emulator
+
+
+def start_minio(workdir: Path) -> Emulator:
+    """A MinIO of the caller's own (to stop, kill or restart on its data), with the test
+    bucket."""
     program = TOOLS / "bin" / "minio"
     if not program.exists():
         raise RuntimeError(f"{program} is missing: run scripts/install-servers")
     port, console = free_ports(2)
-    workdir = _workdir("minio")
     argv = [
         str(program),
         *("server", str(workdir / "data"), "--quiet"),
@@ -109,22 +116,24 @@ def minio() -> Emulator:
         },
     )
     process.start()
-    atexit.register(process.discard)
     emulator = Emulator("minio", port, process)
-    s3_client(emulator.url, MINIO_CREDENTIALS).create_bucket(Bucket=BUCKET)
+    try:
+        s3_client(emulator.url, MINIO_CREDENTIALS).create_bucket(Bucket=BUCKET)
+    except BaseException:
+        process.discard()
+        raise
     return emulator
 
 
-def icefloe_on_minio(prefix: str) -> dict[str, str]:
-    """The ``ICEFLOE_…`` settings that put Icefloe's object store on MinIO (started on first
-    use), under ``prefix``."""
-    server = minio()
+def icefloe_on_minio(prefix: str, url: str | None = None) -> dict[str, str]:
+    """The ``ICEFLOE_…`` settings that put Icefloe's object store on MinIO under ``prefix``:
+    the shared one (started on first use), or the one at ``url``."""
     return {
         "ICEFLOE_OBJECT_STORE__BACKEND": "s3",
         "ICEFLOE_OBJECT_STORE__S3__BUCKET": BUCKET,
         "ICEFLOE_OBJECT_STORE__S3__PREFIX": prefix,
         "ICEFLOE_OBJECT_STORE__S3__REGION": "us-east-1",
-        "ICEFLOE_OBJECT_STORE__S3__ENDPOINT_URL": server.url,
+        "ICEFLOE_OBJECT_STORE__S3__ENDPOINT_URL": url or minio().url,
         "ICEFLOE_OBJECT_STORE__S3__ACCESS_KEY_ID": MINIO_CREDENTIALS["access_key_id"],
         "ICEFLOE_OBJECT_STORE__S3__SECRET_ACCESS_KEY": MINIO_CREDENTIALS["secret_access_key"],
     }

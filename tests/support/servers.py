@@ -121,14 +121,15 @@ class ServerProcess:
         stat = Path(f"/proc/{self.process.pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
-    def kill(self) -> int:
+    def kill(self, within: float = 10.0) -> int:
         """SIGKILL the server's whole process group, as a crash of its host would, and wait
         until it is gone (:meth:`start` starts it again on its data); its exit status, which
-        says it was killed (``-9``)."""
+        says it was killed (``-9``). A process in the middle of a disk write dies only once
+        the write is done: ``within`` bounds the wait."""
         assert self.process is not None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        return self.process.wait(10)
+        return self.process.wait(within)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
