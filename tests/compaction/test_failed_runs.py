@@ -3,7 +3,8 @@ partitions wait, the other partitions of its topic and every other topic keep re
 tables; after three failures in a row it is set aside (a metric, an `icefloe tables` line)
 and `icefloe tables retry` tries it again, which then leaves every record in each table once,
 though a later run of its topic overtook its commit sequence meanwhile. A run that fails
-because a store is out of reach is never set aside: it goes on once the store is back."""
+because a store is out of reach, or on a lost race, is never set aside: it goes on once that
+has passed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from click.testing import CliRunner
 from icefloe import metrics
 from icefloe.cli import cli
 from icefloe.compaction.committer import SET_ASIDE_AFTER
-from icefloe.errors import UnavailableError
+from icefloe.errors import ConflictError, UnavailableError
 from icefloe.ports.table import DataFile, TableSpec
 from tests.compaction.conftest import Parts
 from tests.compaction.test_saga_crashes import records, table_rows
@@ -97,8 +98,16 @@ async def test_a_run_that_cannot_commit_is_set_aside_and_stops_nothing_else(
         assert all(not e.in_wal for e in await storage.index.scan(stream))
 
 
-async def test_a_run_failing_while_a_store_is_out_of_reach_is_never_set_aside(
-    table_parts: Parts, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "passing",
+    [
+        UnavailableError("S3 put: cannot reach the service"),
+        ConflictError("Delta table: concurrent commit, retry"),
+    ],
+    ids=["store-out-of-reach", "lost-race"],
+)
+async def test_a_run_failing_on_what_passes_by_itself_is_never_set_aside(
+    table_parts: Parts, monkeypatch: pytest.MonkeyPatch, passing: Exception
 ) -> None:
     storage, topics, compactor = table_parts
     topic = await topics.create("events", 1)
@@ -113,7 +122,7 @@ async def test_a_run_failing_while_a_store_is_out_of_reach_is_never_set_aside(
         removed: list[str] = (),  # type: ignore[assignment]
     ) -> Any:
         if outage:
-            raise UnavailableError("S3 put: cannot reach the service")
+            raise passing
         return await commit(spec, sequence, added, list(removed))
 
     monkeypatch.setattr(delta, "commit", unreachable)

@@ -6,7 +6,7 @@ import pytest
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from icefloe_table_delta.errors import translated
 
-from icefloe.errors import NotFoundError, StorageError
+from icefloe.errors import NotFoundError, StorageError, UnavailableError
 from icefloe.ports.table import TableSpec
 from icefloe.storage.row_schema import ROW_SCHEMA
 
@@ -26,3 +26,14 @@ def test_a_missing_table_is_not_found_and_other_failures_are_storage_errors() ->
     with pytest.raises(StorageError) as caught, translated(SPEC):
         raise DeltaError("Kernel error: File not found: _delta_log/00000000000000000003.json")
     assert not isinstance(caught.value, NotFoundError)
+
+
+def test_a_log_listed_out_of_step_is_unavailable_for_now() -> None:
+    """A stale listing of the log (a version written, not listed yet) is the store's, and a
+    later try sees the log whole: retriable, not damage."""
+    with pytest.raises(UnavailableError) as caught, translated(SPEC):
+        raise DeltaError(
+            "Generic delta kernel error: LogSegment end version 2 not the same as the "
+            "specified end version 3"
+        )
+    assert caught.value.retriable

@@ -29,10 +29,11 @@ takes any, so tables receive sequences in order, and a crash leaves at most one 
 
 A run that fails is counted in its record (``failures``, the last ``error``); the next round
 tries it again, and the streams it holds are left out of new runs meanwhile. After
-:data:`SET_ASIDE_AFTER` failures in a row it is *set aside*, unless what failed last was a store
-out of reach (a retriable error: an object store or metadata store down, throttling, cut off):
-an outage is waited out round after round, since the run succeeds once it ends, and an operator
-should not have to notice it. Set aside, ``retry_after_ms`` says when it is
+:data:`SET_ASIDE_AFTER` failures in a row it is *set aside*, unless what failed last passes
+by itself: a store out of reach (a retriable error: an object store or metadata store down,
+throttling, cut off) or a lost race (a conflict: a table's log listed stale). Those are tried
+again round after round, since the run succeeds once they end, and an operator should not have
+to notice them. Set aside, ``retry_after_ms`` says when it is
 tried again (``[compactor] set_aside_retry_s``, doubling with each failure after that, at most
 :data:`MAX_SET_ASIDE_FACTOR` times), or at once after ``icefloe tables retry``. A run
 that failed on some topics of a multi-topic run only is split: those topics' part becomes a run
@@ -80,7 +81,7 @@ import msgpack
 from icefloe import metrics
 from icefloe.compaction.leadership import UNLEADED, LeadershipLostError, Lease
 from icefloe.compaction.planner import Plan, TaskKind
-from icefloe.errors import AlreadyExistsError, IcefloeError
+from icefloe.errors import AlreadyExistsError, ConflictError, IcefloeError
 from icefloe.keyspace import COMPACTION, prefix_end
 from icefloe.ports.compaction import (
     CleanSpec,
@@ -123,12 +124,13 @@ class TopicsFailedError(IcefloeError):
         )
 
 
-def _unreachable(error: BaseException) -> bool:
-    """Whether ``error`` says only that a store could not be reached for now (every topic's
-    failure, for a run of several)."""
+def _passing(error: BaseException) -> bool:
+    """Whether ``error`` is one a later try gets past by itself (every topic's failure, for a
+    run of several): a store out of reach (a retriable error), or a race lost to another
+    writer or to a store's stale view (a conflict)."""
     if isinstance(error, TopicsFailedError):
-        return all(_unreachable(e) for e in error.failures.values())
-    return isinstance(error, IcefloeError) and error.retriable
+        return all(_passing(e) for e in error.failures.values())
+    return isinstance(error, ConflictError) or (isinstance(error, IcefloeError) and error.retriable)
 
 
 class SagaState(enum.StrEnum):
@@ -451,9 +453,9 @@ class Committer:
 
     async def note_failure(self, record: TaskRecord, error: BaseException) -> TaskRecord | None:
         """Count a failed try of ``record`` in its stored record, setting it aside after
-        :data:`SET_ASIDE_AFTER` in a row (never for a store out of reach); the record as stored
-        now (``None``: gone, finished
-        or split up meanwhile, or taken over by another leader)."""
+        :data:`SET_ASIDE_AFTER` in a row (never for a failure that passes by itself); the
+        record as stored now (``None``: gone, finished or split up meanwhile, or taken over by
+        another leader)."""
         current = await self._metadata.get(record.key)
         if current is None:
             return None
@@ -464,7 +466,7 @@ class Committer:
             return None
         stored.failures += 1
         stored.error = _one_line(error)
-        if stored.failures >= SET_ASIDE_AFTER and not _unreachable(error):
+        if stored.failures >= SET_ASIDE_AFTER and not _passing(error):
             factor = min(2 ** (stored.failures - SET_ASIDE_AFTER), MAX_SET_ASIDE_FACTOR)
             delay_ms = self._set_aside_retry_ms * factor
             stored.retry_after_ms = int(time.time() * 1000) + delay_ms
