@@ -193,6 +193,25 @@ class TestSqliteMetadataStore(MetadataStoreContract):
             blocker.close()
             await store.close()
 
+    def test_a_full_disk_is_unavailable_until_space_is_freed(self, tmp_path: Path) -> None:
+        path = tmp_path / "full.db"
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("CREATE TABLE t (v BLOB)")
+            db.execute("PRAGMA max_page_count = 3")  # no room to grow: SQLite's full disk
+
+            def write() -> object:
+                return db.execute("INSERT INTO t VALUES (?)", (b"x" * 100_000,))
+
+            with pytest.raises(UnavailableError, match="disk is full") as raised:
+                sqlite_metadata._translated(path, write)
+            assert raised.value.retriable  # a write refused whole: retried once space is back
+            db.execute("PRAGMA max_page_count = 1000")
+            sqlite_metadata._translated(path, write)
+            assert db.execute("SELECT count(*) FROM t").fetchone() == (1,)
+        finally:
+            db.close()
+
     def test_stores_opening_a_new_file_together_all_open(self, tmp_path: Path) -> None:
         # Brokers of one `serve` open the same fresh file at once; SQLite can answer the
         # loser of a lock deadlock BUSY without waiting, which once failed a broker's start.

@@ -561,6 +561,11 @@ def _translated(path: Path, fn: Callable[[], _T]) -> _T:
                 f"metadata database {path} stayed locked by another connection longer than "
                 f"busy_timeout ({exc}); retry, or raise [metadata] busy_timeout"
             ) from exc
+        if code == sqlite3.SQLITE_FULL:
+            # The write was rolled back whole: once space is freed, the same write succeeds.
+            raise UnavailableError(
+                f"metadata database {path}: the disk is full ({exc}); free space on it"
+            ) from exc
         raise StorageError(f"metadata database {path}: {exc}") from exc
 
 
