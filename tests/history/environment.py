@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -115,14 +116,15 @@ def environment(
             env.clocks = folder / "clocks"
             env.clocks.mkdir(exist_ok=True)
             env.settings |= {
-                "ICEFLOE_TEST_CLOCK_DIR": str(env.clocks),
+                "SKEWED_CLOCK_DIR": str(env.clocks),
                 "PYTHONPATH": str(SKEWED_CLOCK),
             }
         if "disk-full" in faults:
-            env.disk = folder / "disk"
+            # The data folder is the small disk itself: serve's log, beside it, stays on the
+            # run's own disk, where it can be written while the small one is full.
+            env.disk = env.data
             _mount_small_disk(env.disk)
-            servers.callback(_unmount, env.disk)
-            env.data = env.disk / "data"
+            servers.callback(_unmount, env.disk, folder / "data-after-the-run")
         yield env
 
 
@@ -171,5 +173,8 @@ def _mount_small_disk(folder: Path) -> None:
         )
 
 
-def _unmount(folder: Path) -> None:
+def _unmount(folder: Path, keep: Path) -> None:
+    """Unmount the small disk at ``folder``, its contents copied to ``keep`` first (what is
+    left to look at once a run is over)."""
+    shutil.copytree(folder, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("ballast"))
     subprocess.run(["umount", str(folder)], check=False)

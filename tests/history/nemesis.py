@@ -135,7 +135,7 @@ class Targets:
     objects: FaultyObjectStore | None = None
     """MinIO behind its fault proxy, for ``objects-*`` and ``upload-crash``."""
     clocks: Path | None = None
-    """The brokers' ``ICEFLOE_TEST_CLOCK_DIR``, for ``clock-skew``."""
+    """The brokers' ``SKEWED_CLOCK_DIR``, for ``clock-skew``."""
     disk: Path | None = None
     """A folder on the brokers' own small disk, for ``disk-full``."""
 

@@ -12,7 +12,7 @@ from tests.history.environment import SKEWED_CLOCK
 
 PROBE = """
 import os, sys, time
-folder = os.environ["ICEFLOE_TEST_CLOCK_DIR"]
+folder = os.environ["SKEWED_CLOCK_DIR"]
 before = time.time() - time.monotonic()
 with open(os.path.join(folder, str(os.getpid())), "w") as f:
     f.write("-120.5")
@@ -23,7 +23,7 @@ print(round(after - before, 1), abs(time.time_ns() / 1e9 - time.time()) < 0.1)
 
 
 def test_a_process_sees_its_own_shift_and_reports_it(tmp_path: Path) -> None:
-    env = {**os.environ, "ICEFLOE_TEST_CLOCK_DIR": str(tmp_path), "PYTHONPATH": str(SKEWED_CLOCK)}
+    env = {**os.environ, "SKEWED_CLOCK_DIR": str(tmp_path), "PYTHONPATH": str(SKEWED_CLOCK)}
     done = subprocess.run(
         [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
     )
@@ -34,7 +34,7 @@ def test_a_process_sees_its_own_shift_and_reports_it(tmp_path: Path) -> None:
 
 def test_without_the_folder_nothing_is_shifted(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(SKEWED_CLOCK)}
-    env.pop("ICEFLOE_TEST_CLOCK_DIR", None)
+    env.pop("SKEWED_CLOCK_DIR", None)
     code = "import time; print(time.time.__module__)"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.stdout.strip() == "time"

@@ -1,6 +1,6 @@
 """Loaded at start-up by every Python process whose ``PYTHONPATH`` holds this folder (the
 history runs' brokers): their wall clock (``time.time``, ``time.time_ns``) is shifted by the
-number of seconds in the file ``$ICEFLOE_TEST_CLOCK_DIR/<pid>``, if there is one, as an NTP
+number of seconds in the file ``$SKEWED_CLOCK_DIR/<pid>``, if there is one, as an NTP
 step or a drifting host would shift it. The monotonic clock is left alone, as such steps leave
 it. The file is read again at most every ``REREAD_S``; once a process has seen a non-zero
 shift it writes ``<pid>.seen``, so that the fault can be proven to have happened.
@@ -15,7 +15,7 @@ import os
 import time
 
 REREAD_S = 0.2
-_folder = os.environ.get("ICEFLOE_TEST_CLOCK_DIR")
+_folder = os.environ.get("SKEWED_CLOCK_DIR")
 
 if _folder:
     _real_time, _real_time_ns, _monotonic = time.time, time.time_ns, time.monotonic
