@@ -37,3 +37,9 @@ def test_a_log_listed_out_of_step_is_unavailable_for_now() -> None:
             "specified end version 3"
         )
     assert caught.value.retriable
+
+
+def test_a_full_disk_is_unavailable_for_now() -> None:
+    with pytest.raises(UnavailableError, match="disk is full") as caught, translated(SPEC):
+        raise DeltaError("Failed to write: No space left on device (os error 28)")
+    assert caught.value.retriable
