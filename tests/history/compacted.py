@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from tests.history.recorder import FAIL, INFO, OK
-from tests.history.workload import SEND_TIMEOUT_S, Setup, Worker, end_offset, key
+from tests.history.workload import Sender, Setup, end_offset, key, send_and_wait
 
 TOPIC: Final = "history-compacted"
 RECORD_KEYS: Final = 8
@@ -76,48 +76,22 @@ class CompactedLog:
             return list(self.sends)
 
 
-class CompactedSender(Worker):
+class CompactedSender(Sender):
     """An idempotent producer of keyed records to the compacted topic, one per operation."""
 
     def __init__(self, name: str, setup: Setup, seed: int, log: CompactedLog) -> None:
         super().__init__(name, setup, seed)
         self._log = log
-        self._config: dict[str, Any] = {
-            **setup.client,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "delivery.timeout.ms": int(SEND_TIMEOUT_S * 1000),
-            "client.id": name,
-        }
-
-    def session(self) -> None:
-        producer = Producer(self._config)
-        try:
-            while not self.stopping.is_set():
-                if not self._send(producer):
-                    self.replaced += 1
-                    return
-        finally:
-            producer.flush(5)
 
     def _send(self, producer: Producer) -> bool:
         partition = self.random.randrange(self.partitions)
         record_key = f"k{self.random.randrange(RECORD_KEYS)}"
         value = self.values.next(key(TOPIC, partition))
-        outcome: list[tuple[KafkaError | None, Message | None]] = []
         invoked = self.history.now()
-        producer.produce(
-            TOPIC,
-            str(value).encode(),
-            record_key.encode(),
-            partition=partition,
-            on_delivery=lambda err, msg: outcome.append((err, msg)),
+        outcome = send_and_wait(
+            producer, TOPIC, partition, str(value).encode(), record_key.encode()
         )
-        deadline = time.monotonic() + SEND_TIMEOUT_S + 5
-        while not outcome and time.monotonic() < deadline:
-            producer.poll(0.05)
-        error, message = outcome[0] if outcome else (None, None)
+        error, message = outcome or (None, None)
         if message is not None and error is None:
             kind, offset = OK, message.offset()
         else:

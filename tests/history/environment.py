@@ -21,7 +21,6 @@ from tests.history.objects import FaultyObjectStore
 from tests.support.broker import RunningIcefloe, broker_pids, start_icefloe
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.fault_proxy import ProxyThread
-from tests.support.servers import ServerProcess
 from tests.support.sockets import socket_holder
 from tests.support.tcp_proxy import TcpFaultProxy
 
@@ -70,12 +69,8 @@ class Environment:
     owners: BrokerOwners = field(default_factory=BrokerOwners)
     readers: tuple[dict[str, str], dict[str, str]] = ({}, {})
     """What engines reading the tables need (Delta's storage options, pyiceberg's properties)."""
-    store: ServerProcess | None = None
-    store_proxy: ProxyThread[TcpFaultProxy] | None = None
-    etcd: EtcdCluster | None = None
-    objects: FaultyObjectStore | None = None
-    clocks: Path | None = None
-    disk: Path | None = None
+    targets: Targets = field(default_factory=Targets)
+    """What the faults act on beside the brokers."""
 
     def start_brokers(self, count: int) -> RunningIcefloe:
         """``serve`` with ``count`` brokers in this environment, stopped with it."""
@@ -83,18 +78,6 @@ class Environment:
         self.servers.callback(running.stop)
         self.owners.running = running
         return running
-
-    def targets(self, running: RunningIcefloe) -> Targets:
-        """What faults act on, ``running`` included."""
-        return Targets(
-            running,
-            store=self.store,
-            store_proxy=self.store_proxy,
-            etcd=self.etcd,
-            objects=self.objects,
-            clocks=self.clocks,
-            disk=self.disk,
-        )
 
 
 @contextlib.contextmanager
@@ -107,24 +90,24 @@ def environment(
         direct = _metadata_store(env, folder, store)
         env.reader_settings = env.settings | direct
         if objects == "minio":
-            env.objects = FaultyObjectStore(folder / "minio", seed, env.owners)
-            servers.callback(env.objects.close)
-            env.settings |= OBJECT_STORE_SETTINGS | env.objects.settings()
-            env.reader_settings |= OBJECT_STORE_SETTINGS | env.objects.settings(direct=True)
-            env.readers = env.objects.readers()
+            env.targets.objects = FaultyObjectStore(folder / "minio", seed, env.owners)
+            servers.callback(env.targets.objects.close)
+            env.settings |= OBJECT_STORE_SETTINGS | env.targets.objects.settings()
+            env.reader_settings |= OBJECT_STORE_SETTINGS | env.targets.objects.settings(direct=True)
+            env.readers = env.targets.objects.readers()
         if "clock-skew" in faults:
-            env.clocks = folder / "clocks"
-            env.clocks.mkdir(exist_ok=True)
+            env.targets.clocks = folder / "clocks"
+            env.targets.clocks.mkdir(exist_ok=True)
             env.settings |= {
-                "SKEWED_CLOCK_DIR": str(env.clocks),
+                "SKEWED_CLOCK_DIR": str(env.targets.clocks),
                 "PYTHONPATH": str(SKEWED_CLOCK),
             }
         if "disk-full" in faults:
             # The data folder is the small disk itself: serve's log, beside it, stays on the
             # run's own disk, where it can be written while the small one is full.
-            env.disk = env.data
-            _mount_small_disk(env.disk)
-            servers.callback(_unmount, env.disk, folder / "data-after-the-run")
+            env.targets.disk = env.data
+            _mount_small_disk(env.targets.disk)
+            servers.callback(_unmount, env.targets.disk, folder / "data-after-the-run")
         yield env
 
 
@@ -135,25 +118,25 @@ def _metadata_store(env: Environment, folder: Path, store: str) -> dict[str, str
     if store == "sqlite":
         return {}
     if store == "etcd3":
-        env.etcd = EtcdCluster(folder / "etcd3")
-        servers.callback(env.etcd.stop)
+        env.targets.etcd = EtcdCluster(folder / "etcd3")
+        servers.callback(env.targets.etcd.stop)
         env.settings |= {
             "ICEFLOE_METADATA__BACKEND": "etcd",
-            "ICEFLOE_METADATA__ETCD__ENDPOINTS": json.dumps(env.etcd.endpoints),
+            "ICEFLOE_METADATA__ETCD__ENDPOINTS": json.dumps(env.targets.etcd.endpoints),
         }
         return {}
     server = STORES[store](folder / store)
     servers.callback(server.process.stop)
-    env.store = server.process
+    env.targets.store = server.process
     direct = store_settings(store, server)
     env.settings |= direct
     if store == "etcd":
         # Oxia hands its clients the server's own address for each shard: a proxy in front
         # of it would not be in their path.
         port = int(server.address.rsplit(":", 1)[1])
-        env.store_proxy = ProxyThread(TcpFaultProxy(port, env.owners))
-        servers.callback(env.store_proxy.close)
-        proxied = dataclasses.replace(server, address=env.store_proxy.proxy.address)
+        env.targets.store_proxy = ProxyThread(TcpFaultProxy(port, env.owners))
+        servers.callback(env.targets.store_proxy.close)
+        proxied = dataclasses.replace(server, address=env.targets.store_proxy.proxy.address)
         env.settings |= store_settings(store, proxied)
     return direct
 

@@ -123,9 +123,8 @@ class Fault:
 
 @dataclass
 class Targets:
-    """What a run's faults act on: the cluster, and what the run set up for other kinds."""
+    """What a run set up for faults beyond its brokers (each ``None`` unless asked for)."""
 
-    running: RunningIcefloe
     store: ServerProcess | None = None
     """The metadata server, for ``store-kill`` and ``store-pause``."""
     store_proxy: ProxyThread[TcpFaultProxy] | None = None
@@ -154,7 +153,14 @@ NEEDS: Final = {
 class Nemesis(threading.Thread):
     """Injects the given kinds of faults in turn, at random times, until stopped."""
 
-    def __init__(self, targets: Targets, kinds: list[str], history: History, seed: int) -> None:
+    def __init__(
+        self,
+        running: RunningIcefloe,
+        targets: Targets,
+        kinds: list[str],
+        history: History,
+        seed: int,
+    ) -> None:
         super().__init__(name="nemesis", daemon=True)
         unknown = set(kinds) - set(KINDS)
         if unknown:
@@ -163,6 +169,7 @@ class Nemesis(threading.Thread):
             asked = sorted(set(kinds) & set(needing))
             if asked and getattr(targets, attribute) is None:
                 raise ValueError(f"{', '.join(asked)} faults need {how}")
+        self._running = running
         self._targets = targets
         self._kinds = kinds
         self._history = history
@@ -178,7 +185,7 @@ class Nemesis(threading.Thread):
         while not self._stopping.wait(self._random.uniform(*EVERY_S)):
             kind = self._kinds[n % len(self._kinds)]
             began = self._history.now()
-            pids = broker_pids(self._targets.running)
+            pids = broker_pids(self._running)
             if not pids:
                 continue  # serve is starting them again
             try:
@@ -325,7 +332,7 @@ class Nemesis(threading.Thread):
             self._fault_process(kind, objects.minio.process)
             return "minio"
         if kind == "upload-crash":
-            done = objects.kill_next_uploader(broker_pids(self._targets.running))
+            done = objects.kill_next_uploader(broker_pids(self._running))
             if not done.wait(10.0):
                 objects.heal()
                 self.failures.append("no upload within 10 s to crash its uploader after")

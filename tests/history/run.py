@@ -162,12 +162,12 @@ def history_run(
         ]
         for worker in workers:
             worker.start()
-        nemesis = Nemesis(env.targets(running), faults, history, seed)
+        nemesis = Nemesis(running, env.targets, faults, history, seed)
         nemesis.start()
         time.sleep(seconds)
         nemesis.stop()
-        if env.objects is not None:
-            env.objects.heal()
+        if env.targets.objects is not None:
+            env.targets.objects.heal()
         wait_for_brokers(running, BROKERS)
         for worker in workers:
             worker.stopping.set()  # all at once: each may take a while to finish its operation

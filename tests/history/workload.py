@@ -161,22 +161,13 @@ class Sender(Worker):
         partition = self.random.randrange(self.partitions)
         k = key(self.topic, partition)
         value = self.values.next(k)
-        outcome: list[tuple[KafkaError | None, Message | None]] = []
         invoked = self.history.now()
-        producer.produce(
-            self.topic,
-            str(value).encode(),
-            partition=partition,
-            on_delivery=lambda err, msg: outcome.append((err, msg)),
-        )
-        deadline = time.monotonic() + SEND_TIMEOUT_S + 5
-        while not outcome and time.monotonic() < deadline:
-            producer.poll(0.05)
+        outcome = send_and_wait(producer, self.topic, partition, str(value).encode())
         invoke = [["send", k, value]]
-        if not outcome:
+        if outcome is None:
             self.done("send", invoked, invoke, INFO, invoke)
             return False
-        error, message = outcome[0]
+        error, message = outcome
         if error is None:
             assert message is not None
             self.done("send", invoked, invoke, OK, [["send", k, [message.offset(), value]]])
@@ -184,6 +175,25 @@ class Sender(Worker):
         # An idempotent producer that gave up on a record cannot say whether it was written.
         self.done("send", invoked, invoke, INFO, invoke, error=str(error))
         return False
+
+
+def send_and_wait(
+    producer: Producer, topic: str, partition: int, value: bytes, record_key: bytes | None = None
+) -> tuple[KafkaError | None, Message | None] | None:
+    """Produce one record and wait for its delivery report: ``(error, message)``, or ``None``
+    when none came within the send timeout (and a little more)."""
+    outcome: list[tuple[KafkaError | None, Message | None]] = []
+    producer.produce(
+        topic,
+        value,
+        record_key,
+        partition=partition,
+        on_delivery=lambda err, msg: outcome.append((err, msg)),
+    )
+    deadline = time.monotonic() + SEND_TIMEOUT_S + 5
+    while not outcome and time.monotonic() < deadline:
+        producer.poll(0.05)
+    return outcome[0] if outcome else None
 
 
 class _Assignments:
