@@ -18,7 +18,13 @@ import pytest
 
 from icefloe.embedded import local_object_store
 from icefloe.embedded.local_object_store import STALE_TEMP_SECONDS, LocalObjectStore
-from icefloe.errors import AlreadyExistsError, ClosedError, NotFoundError, StorageError
+from icefloe.errors import (
+    AlreadyExistsError,
+    ClosedError,
+    NotFoundError,
+    StorageError,
+    UnavailableError,
+)
 from icefloe.ports.base import PortKind
 from icefloe.ports.object_store import ObjectStore
 from icefloe.testing.contract import open_backend
@@ -227,6 +233,24 @@ class TestLocalObjectStore(ObjectStoreContract):
         assert len(synced) == 4
         assert await store.get("large") == large
         assert await store.get("streamed") == large
+
+    @pytest.mark.asyncio
+    async def test_a_full_disk_is_unavailable_until_space_is_freed(
+        self, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # fsync is where a full disk shows on filesystems that allocate late (ext4, XFS, NFS).
+        def full(fd: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        assert isinstance(store, LocalObjectStore)
+        monkeypatch.setattr(local_object_store.os, "fsync", full)
+        with pytest.raises(UnavailableError, match="the disk is full"):
+            await store.put("kept-out", b"x" * 100)
+        assert await keys_of(store, "") == []
+        assert [p.name for p in store.temp_dir.iterdir() if p.stat().st_size] == []
+        monkeypatch.undo()
+        await store.put("kept-out", b"x" * 100)
+        assert await store.get("kept-out") == b"x" * 100
 
     @pytest.mark.asyncio
     async def test_primitives_refuse_keys_outside_the_root(self, store: ObjectStore) -> None:

@@ -4,6 +4,7 @@ its segments' lifecycle and what it does with torn or foreign bytes."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import threading
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 from icefloe.config import load_config
 from icefloe.embedded import local_wal
 from icefloe.embedded.local_wal import HEADER_BYTES, SUFFIX, LocalWAL, LocalWALOptions
-from icefloe.errors import ClosedError, NotFoundError, StorageError
+from icefloe.errors import ClosedError, NotFoundError, StorageError, UnavailableError
 from icefloe.ports.base import PortKind
 from icefloe.ports.object_store import ObjectStore
 from icefloe.ports.wal import WAL
@@ -229,19 +230,30 @@ class TestLocalWAL(WALContract):
         assert await wal.read(ref) == data
 
     @pytest.mark.asyncio
+    @pytest.mark.parametrize(
+        ("error", "raised"),
+        [(errno.EIO, StorageError), (errno.ENOSPC, UnavailableError)],
+        ids=["io-error", "disk-full"],
+    )
     async def test_a_failed_sync_fails_the_append_and_the_next_one_starts_a_new_segment(
-        self, wal: WAL, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+        self,
+        wal: WAL,
+        options: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch,
+        error: int,
+        raised: type[StorageError],
     ) -> None:
         kept = await wal.append(b"before")
         real_sync = os.fdatasync
 
         def failing_sync(fd: int) -> None:
             monkeypatch.setattr(local_wal.os, "fdatasync", real_sync)
-            raise OSError(5, "Input/output error")
+            raise OSError(error, os.strerror(error))
 
         monkeypatch.setattr(local_wal.os, "fdatasync", failing_sync)
-        with pytest.raises(StorageError, match="Input/output error"):
+        with pytest.raises(StorageError, match=os.strerror(error)) as failed:
             await wal.append(b"lost")
+        assert type(failed.value) is raised  # a full disk is retried; an I/O error is not
         after = await wal.append(b"after")
         assert len(self.segments(options)) == 2
         assert await wal.read(kept) == b"before"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+
+from icefloe.errors import StorageError, UnavailableError
 
 NOWAIT: Final = getattr(os, "RWF_NOWAIT", None)
 """preadv's flag to read only what the page cache holds (Linux); without it every read goes
@@ -14,6 +17,9 @@ to a thread pool."""
 READ_FROM_CACHE_AT_ONCE: Final = 8 << 20
 """Most bytes a ranged read copies from the page cache on the event loop (about a
 millisecond's work, less than a thread hop costs); a larger one goes to the pool whole."""
+NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""Errors of a full disk (or a used-up quota): the write left nothing behind, and succeeds
+again once space is freed."""
 LARGE_BUFFER_BYTES: Final = 1 << 20
 """A block glibc's allocator maps on its own in a broker (its ``MMAP_THRESHOLD_BYTES``)."""
 
@@ -40,3 +46,11 @@ def fsync_folder(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_error(exc: Exception, where: str) -> StorageError:
+    """The error for an OS error of a file store: retriable when the disk is full, since a
+    failed write is discarded whole and the same write succeeds once space is freed."""
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+        return UnavailableError(f"{where}: the disk is full ({exc}); free space on it")
+    return StorageError(f"{where}: {exc}")

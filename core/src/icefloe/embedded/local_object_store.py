@@ -44,6 +44,7 @@ from icefloe.adapters.blocking import BlockingSdk
 from icefloe.embedded.file_io import (
     NOWAIT,
     READ_FROM_CACHE_AT_ONCE,
+    file_error,
     fsync_folder,
     uninitialised_buffer,
 )
@@ -284,7 +285,7 @@ class LocalObjectStore(ObjectStore):
         return await self._files.call("", fn, *args)
 
     def _translate(self, exc: Exception, what: str) -> Exception:
-        return StorageError(f"local object store at {self._root!r}: {exc}")
+        return file_error(exc, f"local object store at {self._root!r}")
 
     async def _discard(self, temp: _TempFile) -> None:
         try:

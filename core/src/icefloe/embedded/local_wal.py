@@ -61,6 +61,7 @@ from icefloe.adapters.blocking import BlockingSdk
 from icefloe.embedded.file_io import (
     NOWAIT,
     READ_FROM_CACHE_AT_ONCE,
+    file_error,
     fsync_folder,
     uninitialised_buffer,
 )
@@ -319,7 +320,7 @@ class LocalWAL(WAL):
             raise ClosedError(f"{self._files.name} is closed")
 
     def _translate(self, exc: Exception, what: str) -> Exception:
-        return StorageError(f"local WAL at {self._folder!r}: {what}: {exc}")
+        return file_error(exc, f"local WAL at {self._folder!r}: {what}")
 
 
 class _Segment:
