@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from icefloe import metrics
-from icefloe.compaction.planner import StreamBacklog, plan_task
+from icefloe.compaction.planner import FUTURE_STAMP_TOLERANCE_MS, StreamBacklog, plan_task
 from icefloe.compaction.service import Compactor
 from icefloe.config import Config, load_config
 from icefloe.storage.engine import StreamStorage
@@ -89,6 +89,27 @@ async def test_a_round_reads_only_the_entries_written_since_the_last(
     assert [(e.start, e.end) for e in plan.streams[0].entries] == [
         (i, i + 10) for i in (0, 10, 20, 30)
     ]
+
+
+@pytest.mark.parametrize("ahead_s", [0.5, 300])
+async def test_entries_stamped_by_a_clock_far_ahead_do_not_wait_for_it(
+    parts: tuple[StreamStorage, TopicRegistry, Compactor], config: Config, ahead_s: float
+) -> None:
+    # The compactor's clock `ahead_s` behind the writer's: as when a broker's clock is ahead.
+    storage, topics, _ = parts
+    options = config.compactor.model_copy(
+        update={"min_age_s": 2, "max_age_s": 30, "min_bytes": 1 << 30}
+    )
+    topic = await topics.create("t", 1)
+    [stream] = topic.streams
+    await storage.append(stream, records(10))
+    behind = int((time.time() - ahead_s) * 1000)
+    plan = await plan_task(storage.index, [topic], options, behind)
+    if ahead_s < FUTURE_STAMP_TOLERANCE_MS / 1000:
+        assert plan is None  # young, as entries just written are
+    else:
+        assert plan is not None, "the tables would wait for the writer's clock"
+        assert [(e.start, e.end) for e in plan.streams[0].entries] == [(0, 10)]
 
 
 async def test_after_a_run_a_stream_is_judged_by_its_new_entries_alone(

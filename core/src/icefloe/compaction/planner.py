@@ -15,6 +15,8 @@ import contextlib
 import dataclasses
 import enum
 import itertools
+import logging
+import math
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -24,6 +26,7 @@ from typing import Final
 from icefloe.config.compactor import CompactorOptions
 from icefloe.ports.compaction import CompactionTask, Source, StreamRange, data_file_name
 from icefloe.ports.table import TimePartition
+from icefloe.quiet_log import QuietLog
 from icefloe.storage.index import IndexEntry, WalLocation
 from icefloe.storage.index_reader import IndexReader
 from icefloe.storage.parquet import DEFAULT_CODEC
@@ -52,6 +55,30 @@ FILE_RECORD_BYTES: Final = 400
 """What a written file adds besides its path: its description, row groups and output key."""
 STREAM_RECORD_BYTES: Final = 200 + FILE_RECORD_BYTES
 """What a stream adds besides its topic name, which it repeats (:func:`stream_record_bytes`)."""
+
+FUTURE_STAMP_TOLERANCE_MS: Final = 1000
+"""How far past this process's clock an entry's stamp may be and still be taken as written
+now: host clocks kept by NTP agree far better than this."""
+
+_clock_log = QuietLog(logging.getLogger(__name__), every_s=60)
+
+
+def waited_ms(now_ms: int, created_ms: int) -> float:
+    """How long ago, by this process's clock, an entry stamped ``created_ms`` was written.
+
+    The stamp is the writing broker's wall clock. One further ahead than the tolerance comes
+    from a broker whose clock is wrong, and counts as long ago: waiting for that clock would
+    hold the stream's tables back for as long as the clock is off (minutes, or days), while
+    the ages only decide how soon a stream is compacted, never what a run may take.
+    """
+    waited = now_ms - created_ms
+    if waited >= -FUTURE_STAMP_TOLERANCE_MS:
+        return waited
+    _clock_log.warning(
+        "WAL entries stamped more than a second ahead of this host's clock: the clock of a "
+        "broker that writes them is off (check its time sync); compacted without waiting"
+    )
+    return math.inf
 
 
 @dataclass(slots=True)
@@ -280,7 +307,7 @@ def _is_due(
     ``oldest_ms``, is due: it holds ``min_bytes`` or has waited ``max_age``."""
     max_age_ms = int(topic.configs.get(MAX_AGE_CONFIG, options.max_age_s * 1000))
     min_bytes = int(topic.configs.get(MIN_BYTES_CONFIG, options.min_bytes))
-    return size >= min_bytes or now_ms - oldest_ms >= max_age_ms
+    return size >= min_bytes or waited_ms(now_ms, oldest_ms) >= max_age_ms
 
 
 def stream_record_bytes(topic: str) -> int:
@@ -317,7 +344,7 @@ async def _taken(
             if taken:
                 break
             continue  # compacted since the backlog was read
-        if not force and now_ms - entry.created_ms < options.min_age_s * 1000:
+        if not force and waited_ms(now_ms, entry.created_ms) < options.min_age_s * 1000:
             break
         if taken and (budget <= 0 or entry.start != taken[-1].end):
             break
