@@ -1,6 +1,7 @@
-"""A broker's registration in the cluster: a broker restarted at its address keeps its node id
-(clients hold connections and the coordinators they found per node id, and wait on an id that
-never comes back up), and a node id held by a live broker elsewhere is refused."""
+"""A broker's registration in the cluster: a broker back at its address keeps its node id,
+however long it was down (clients hold connections and the coordinators they found per node
+id, and wait on an id that never comes back up), and a node id held by a live broker elsewhere
+is refused."""
 
 from __future__ import annotations
 
@@ -48,15 +49,37 @@ async def test_a_broker_restarted_at_its_address_keeps_its_node_id(
     assert registered == {before.node_id: 9092, other.node_id: 9093}
 
 
-async def test_a_broker_at_a_new_address_gets_a_new_node_id(
+async def test_a_broker_back_at_its_address_however_long_after_keeps_its_node_id(
     metadata: SqliteMetadataStore,
 ) -> None:
     first = await Cluster(metadata, TTL_S).join("127.0.0.1", 9092, None, None)
     gone = Cluster(metadata, TTL_S)
     left = await gone.join("127.0.0.1", 9093, None, None)
-    await gone.leave()  # left cleanly: nothing of it remains to take over
+    await gone.leave()  # its registration is gone, as after a session lapsed
+    assert [b.node_id for b in await registered_brokers(metadata)] == [first.node_id]
     again = await Cluster(metadata, TTL_S).join("127.0.0.1", 9093, None, None)
-    assert len({first.node_id, left.node_id, again.node_id}) == 3
+    assert again.node_id == left.node_id != first.node_id
+
+
+async def test_a_broker_at_a_new_address_gets_a_new_node_id(
+    metadata: SqliteMetadataStore,
+) -> None:
+    first = await Cluster(metadata, TTL_S).join("127.0.0.1", 9092, None, None)
+    moved = await Cluster(metadata, TTL_S).join("127.0.0.2", 9092, None, None)
+    assert moved.node_id != first.node_id
+
+
+async def test_an_addresss_node_id_since_configured_elsewhere_is_given_up(
+    metadata: SqliteMetadataStore,
+) -> None:
+    gone = Cluster(metadata, TTL_S)
+    before = await gone.join("127.0.0.1", 9092, None, None)
+    await gone.leave()
+    await Cluster(metadata, TTL_S).join("127.0.0.1", 9093, None, before.node_id)
+    again = await Cluster(metadata, TTL_S).join("127.0.0.1", 9092, None, None)
+    assert again.node_id != before.node_id
+    registered = {b.node_id: b.port for b in await registered_brokers(metadata)}
+    assert registered == {before.node_id: 9093, again.node_id: 9092}
 
 
 async def test_a_node_id_a_live_broker_holds_elsewhere_is_refused(

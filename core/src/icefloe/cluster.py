@@ -35,6 +35,8 @@ from icefloe.storage import counters
 log = logging.getLogger(__name__)
 
 CLUSTER_ID_KEY: Final = CLUSTER + "id"
+NODE_IDS: Final = CLUSTER + "node-ids/"
+"""The node id of each address a broker without a configured ``node_id`` registered at."""
 ZONE_TOKENS: Final = ("zone_id", "ws_az", "warpstream_az", "zone", "automq_az")
 """``client.id`` keys that name the client's zone (Ursa's, WarpStream's and AutoMQ's)."""
 OWNERS_CACHED: Final = 1 << 18
@@ -180,9 +182,7 @@ class Cluster:
         self._session = await self._metadata.open_session(self._ttl)
         watch = await self._metadata.watch(BROKERS)
         if node_id is None:
-            node_id = await self._id_before_restart(host, port)
-        if node_id is None:
-            node_id = await counters.increment(self._metadata, "node-id")
+            node_id = await self._id_of_address(host, port)
         self.me = BrokerInfo(node_id, host, port, zone, metrics_port, listeners)
         await self._register(self.me, self._session)
         await self._reload()
@@ -226,15 +226,29 @@ class Cluster:
             await asyncio.sleep(delay)
             delay = min(delay * 2, REREGISTER_MAX_S)
 
-    async def _id_before_restart(self, host: str, port: int) -> int | None:
-        """The node id registered at this broker's address by a session not lapsed yet: its
-        previous process, killed moments ago (this one holds its port now). A broker restarted
-        keeps its id, as Kafka's brokers do: clients keep a connection, and the coordinators
-        they found, per node id, and wait on an id that never comes back up."""
-        for info in await registered_brokers(self._metadata):
-            if (info.host, info.port) == (host, port):
-                return info.node_id
-        return None
+    async def _id_of_address(self, host: str, port: int) -> int:
+        """The node id of the broker at this address: the one it had before, however long it
+        was down, as Kafka's brokers keep theirs. Clients keep their connections and the
+        coordinators they found per node id; one that never comes back leaves them waiting
+        (librdkafka's ``send_offsets_to_transaction`` ignores its timeout then,
+        confluentinc/librdkafka#5511)."""
+        key = f"{NODE_IDS}{host}:{port}"
+        live = {info.node_id: info for info in await registered_brokers(self._metadata)}
+        record = await self._metadata.get(key)
+        if record is not None:
+            with contextlib.suppress(ValueError):
+                known = int(record.value)
+                other = live.get(known)
+                if other is None or (other.host, other.port) == (host, port):
+                    return known
+                # Since taken by a broker given that id in its configuration.
+        # A broker registered here before addresses were recorded keeps its id too.
+        before = [info.node_id for info in live.values() if (info.host, info.port) == (host, port)]
+        node_id = before[0] if before else await counters.increment(self._metadata, "node-id")
+        version = MUST_NOT_EXIST if record is None else record.version
+        with contextlib.suppress(ConflictError):  # another process at this address won
+            await self._metadata.put(key, str(node_id).encode(), expected_version=version)
+        return node_id
 
     async def _register(self, me: BrokerInfo, session: Session) -> None:
         """Register ``me`` under its node id, taking over the registration its own previous

@@ -141,6 +141,14 @@ KEYSPACE: Final = (
         "the cluster id (Kafka's, 22 characters), set once by the first broker",
     ),
     Prefix(
+        "CLUSTER",
+        CLUSTER,
+        "cluster/node-ids/<host>:<port>",
+        "icefloe.cluster",
+        "the node id, in decimal, of the broker at that address (when not configured): a "
+        "restarted broker takes it again",
+    ),
+    Prefix(
         "GROUPS",
         GROUPS,
         "groups/<group id, percent-encoded>",
