@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from icefloe import metrics
-from icefloe.errors import UnavailableError
+from icefloe.errors import IcefloeError, UnavailableError
 from icefloe.ports.metadata import Record
 from icefloe.storage import keys
 from icefloe.storage.engine import StreamStorage
@@ -28,6 +29,7 @@ from icefloe.storage.producers import (
 )
 from icefloe.storage.records import Record as KafkaRecord
 from icefloe.storage.records import build_batch
+from icefloe.storage.transactions import ABORT, AbortedTransaction, OpenMark, control_batch
 from icefloe.storage.writer import FollowsFailedBatch, NotWritten
 from tests.support.storage import storage_config
 from tests.support.storage_processes import append_idempotent_then_die, idempotent_batch
@@ -384,3 +386,108 @@ def slow_index_reads(storage: StreamStorage, seconds: float) -> None:
             yield entry
 
     reader.entries = slow_entries  # type: ignore[method-assign]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lease is checked before the index commit, not by it: a process paused between "
+    "the two commits after its lease was taken over (no fencing token in the commit yet)",
+)
+async def test_a_commit_held_past_its_lease_does_not_land_after_the_engine_that_took_over(
+    tmp_path: Path,
+) -> None:
+    """A process paused (SIGSTOP) after its writer checked the lease and before its index
+    commit reached the store: its client retried through another process meanwhile. Found by
+    the history runs (a Java producer's record written twice under a broker pause)."""
+    config = storage_config(tmp_path, producer_lease_s=0.5)
+    async with (
+        await StreamStorage.open(config) as paused,
+        await StreamStorage.open(config) as other,
+    ):
+        stream = await paused.create_stream("s")
+        pid = await paused.allocate_producer_id()
+        await paused.append_batches(stream, idempotent_batch(pid, 0, 0))
+        # Freeze the paused engine's store calls: its commit, and the renewals of its lease.
+        resume = asyncio.Event()
+        metadata = paused.metadata
+
+        def frozen(call: Any) -> Any:
+            async def held(*args: Any, **kwargs: Any) -> Any:
+                await resume.wait()
+                return await call(*args, **kwargs)
+
+            return held
+
+        metadata.append_sequences = frozen(metadata.append_sequences)  # type: ignore[method-assign]
+        metadata.put = frozen(metadata.put)  # type: ignore[method-assign]
+        late = asyncio.create_task(paused.append_batches(stream, idempotent_batch(pid, 0, 3)))
+        await asyncio.sleep(0.2)
+        assert not late.done()
+
+        # The client's retry of that batch, through the other engine once the lease lapsed.
+        assert await append_as_a_client_would(other, stream, idempotent_batch(pid, 0, 3)) == 3
+        resume.set()
+        with contextlib.suppress(IcefloeError):  # refused, as it should be
+            await late
+        assert await values(other, stream) == [f"seq{i}".encode() for i in range(6)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a transactional batch's open mark is checked before the index commit, not by it: "
+    "a process paused between the two lets the batch land after its transaction's marker",
+)
+async def test_a_transactional_batch_held_past_its_abort_marker_is_not_read_as_committed(
+    storage: StreamStorage, other_storage: StreamStorage
+) -> None:
+    """Produce found the partition in the producer's transaction, then its broker paused
+    before the index commit; the client timed out and aborted, and the coordinator (another
+    broker) wrote the marker. Found by the history runs (G1a: an aborted write read by a
+    read_committed consumer)."""
+    paused, coordinator = storage, other_storage
+    stream = await paused.create_stream("s")
+    pid = await paused.allocate_producer_id()
+    mark = OpenMark(pid, 0, await coordinator.log_end(stream), "t")
+    await coordinator.transactions.mark_open(stream, mark)
+
+    def batch(sequence: int) -> bytes:
+        records = [KafkaRecord(i, 1, b"k", f"txn{sequence + i}".encode()) for i in range(3)]
+        return build_batch(
+            records,
+            producer_id=pid,
+            producer_epoch=0,
+            base_sequence=sequence,
+            is_transactional=True,
+        )
+
+    await paused.append_batches(stream, batch(0))
+    assert await paused.transactions.open_mark(stream, pid) is not None  # produce's check
+    resume = asyncio.Event()
+    commit = paused.metadata.append_sequences
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await resume.wait()
+        return await commit(*args, **kwargs)
+
+    paused.metadata.append_sequences = held  # type: ignore[method-assign]
+    late = asyncio.create_task(paused.append_batches(stream, batch(3)))
+    await asyncio.sleep(0.2)
+
+    marker = await coordinator.append_control(stream, control_batch(pid, 0, ABORT))
+    await coordinator.transactions.record_abort(
+        stream, AbortedTransaction(pid, mark.first_offset, marker)
+    )
+    await coordinator.transactions.clear_open(stream, pid)
+    resume.set()
+    with contextlib.suppress(IcefloeError):  # refused, as it should be
+        await late
+
+    aborted = await coordinator.transactions.aborted(stream, 0, await coordinator.log_end(stream))
+    records = await coordinator.read_records(stream, 0)
+    outside = [
+        r.offset
+        for r in records
+        if r.value.startswith(b"txn")
+        and not any(a.first_offset <= r.offset <= a.marker_offset for a in aborted)
+    ]
+    assert outside == [], "records of the aborted transaction outside its aborted range"
