@@ -87,6 +87,8 @@ class RunResult:
     run had keyed senders."""
     problems: list[str] = field(default_factory=list)
     """Failures of the run itself: a fault that did not happen, a worker's own error."""
+    client_hangs: list[str] = field(default_factory=list)
+    """Client calls stuck in a known defect of the client (the worker is left behind)."""
     folder: str = ""
 
     @property
@@ -185,6 +187,7 @@ def history_run(
         result.clients_replaced = sum(w.replaced for w in workers)
         result.faults = [f.as_json() for f in nemesis.faults]
         result.problems += nemesis.failures + [e for w in workers for e in w.errors]
+        result.client_hangs = [h for w in workers for h in w.client_hangs]
         if not nemesis.faults and faults:
             result.problems.append("no fault happened")
         result.check = _check(path)
@@ -233,6 +236,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         },
         "tables_after_s": result.tables_after_s,
         "problems": result.problems,
+        "client_hangs": len(result.client_hangs),
         "folder": result.folder,
     }
 
@@ -261,10 +265,12 @@ def table_row(summaries: list[dict[str, Any]]) -> str:
         return ", ".join(f"{k} {v}" for k, v in sorted(counter.items()) if v) or "0"
 
     first = summaries[0]
+    hangs = sum(r.get("client_hangs", 0) for r in summaries)
     cells = [
         counts(faults),
         f"{first['store']}, {first['objects']}",
-        f"{sum(1 for r in summaries if r['valid'])} of {len(summaries)}",
+        f"{sum(1 for r in summaries if r['valid'])} of {len(summaries)}"
+        + (f" ({hangs} client hangs)" if hangs else ""),
         f"{sum(r['seconds'] for r in summaries):,}",
         f"{sum(r['operations'] for r in summaries):,}",
         f"{sum(r['acknowledged_writes'] or 0 for r in summaries):,} + "
