@@ -299,6 +299,7 @@ class Nemesis(threading.Thread):
     def _skew(self, pid: int, clocks: Path) -> None:
         shift = self._random.uniform(*SKEW_S)
         clock, seen = clocks / str(pid), clocks / f"{pid}.seen"
+        seen.unlink(missing_ok=True)  # what an earlier skew of this broker's clock left
         for step in (shift, -shift):
             clock.write_text(f"{step}\n")
             time.sleep(self._random.uniform(*SKEWED_FOR_S))
