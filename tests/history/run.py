@@ -171,11 +171,13 @@ def history_run(
         if env.targets.objects is not None:
             env.targets.objects.heal()
         wait_for_brokers(running, BROKERS)
+        # Stalls are measured up to here: once told to stop, clients only finish what they do.
+        workload_ended = history.now()
         for worker in workers:
             worker.stopping.set()  # all at once: each may take a while to finish its operation
         for worker in workers:
             worker.stop()
-        result.seconds = workload_ended = history.now()
+        result.seconds = history.now()
         stream, result.unread_keys = final_read(setup)
         if compacted_senders:
             read, stuck = compacted.read_compacted(setup)
