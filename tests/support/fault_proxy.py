@@ -38,7 +38,7 @@ import struct
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
@@ -94,6 +94,42 @@ class Seen:
 
 
 @dataclass
+class LoopbackServer:
+    """A server on 127.0.0.1 whose open connections are cancelled when it stops: what both
+    fault proxies (this one and :mod:`tests.support.tcp_proxy`) serve with."""
+
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+    _server: asyncio.Server | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._tracked, "127.0.0.1", 0, limit=1 << 16)
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _tracked(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self.serve(reader, writer)
+        finally:
+            self._tasks.discard(task)
+
+
+@dataclass
 class FaultProxy:
     """See the module docstring. Use as ``async with FaultProxy(port, classify) as proxy``."""
 
@@ -114,17 +150,15 @@ class FaultProxy:
     _cut_off: set[int] = field(default_factory=set)
     _healed: asyncio.Event = field(default_factory=asyncio.Event)
     _random: random.Random = field(init=False)
-    _server: asyncio.Server | None = None
-    _connections: set[asyncio.Task[None]] = field(default_factory=set)
+    _listener: LoopbackServer = field(init=False)
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.seed)
+        self._listener = LoopbackServer(self._serve)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._listener.port
 
     @property
     def url(self) -> str:
@@ -132,16 +166,11 @@ class FaultProxy:
 
     async def __aenter__(self) -> FaultProxy:
         self._healed.set()
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 16)
+        await self._listener.start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        await self._server.wait_closed()
+        await self._listener.stop()
 
     # --- telling it what to do ----------------------------------------------------------------
 
@@ -199,15 +228,11 @@ class FaultProxy:
     # --- serving ------------------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
         try:
             await self._handle(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away: nothing to answer
         finally:
-            self._connections.discard(task)
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

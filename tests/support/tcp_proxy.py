@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from tests.support.fault_proxy import reset_connection
+from tests.support.fault_proxy import LoopbackServer, reset_connection
 
 CHUNK: Final = 1 << 16
 
@@ -40,13 +40,14 @@ class TcpFaultProxy:
     _cut_off: set[int] = field(default_factory=set)
     _healed: asyncio.Event = field(default_factory=asyncio.Event)
     _connections: dict[asyncio.Task[None], _Connection] = field(default_factory=dict)
-    _server: asyncio.Server | None = None
+    _listener: LoopbackServer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._listener = LoopbackServer(self._serve)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        return self._listener.port
 
     @property
     def address(self) -> str:
@@ -54,16 +55,11 @@ class TcpFaultProxy:
 
     async def __aenter__(self) -> TcpFaultProxy:
         self._healed.set()
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        await self._listener.start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        await self._server.wait_closed()
+        await self._listener.stop()
 
     def cut_off(self, pids: set[int]) -> None:
         """From now on, hold the traffic of ``pids``' connections, new ones included."""
